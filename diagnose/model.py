@@ -1,0 +1,141 @@
+"""The nouns of the tool, as small dataclasses.
+
+A log line flows through them left to right:
+``Signature`` (from the database) -> ``Hit`` (one matching line) -> ``Finding``
+(all hits of one signature, per rank) -> ``RootCause`` (the one answer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# Root-cause categories (product.md, JSON ``root_cause.category``).
+CATEGORIES = (
+    "cuda_oom", "host_oom", "nccl_timeout", "nccl_error", "config_pp_cpu_offload",
+    "config_recompute_cpu_offload", "config_cuda_graph_cpu_offload",
+    "config_fine_grained_conflict", "config_offload_layers_range", "config_optimizer_offload",
+    "cpu_offload_runtime", "config_divisibility", "config_other", "loss_nan", "import_error",
+    "checkpoint_error", "slow_iteration", "slow_optimizer_offload", "cuda_error", "hang", "other",
+)
+SEVERITIES = ("error", "warning", "info")
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+# root: a primary cause. cascade: a consequence of another failure (promoted to root only when
+# nothing else explains the run). confirmation: corroborates (e.g. torchrun's summary block).
+# advice: a harmless warning or hint, never a root cause.
+ROLES = ("root", "cascade", "confirmation", "advice")
+# line: one log line; metric: a symptom computed from the log's structure (iteration series,
+# timers); refine: a sharper reading of another signature's hit, given the config or captures;
+# config: a trap in the configuration itself that no framework reports (preflight, and the scan
+# when the log or --config gives the config).
+SCOPES = ("line", "metric", "refine", "config")
+SAFETY = ("safe", "unsafe", "display-only")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One config edit. ``op`` is set | scale | add | delete; ``value`` the operand."""
+
+    key: str
+    op: str = "set"
+    value: Any = None
+    max: Optional[float] = None
+    min: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Fix:
+    text: str
+    safety: str = "safe"
+    edits: tuple[Edit, ...] = ()
+    compute: Optional[str] = None  # name of a computed fix (remedy/plan.py) or None
+    when: Optional[str] = None  # config predicate: the fix applies only when it holds
+    effect: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    slug: str
+    title: str
+    category: str
+    severity: str
+    role: str
+    scope: str
+    anchors: tuple[str, ...]
+    regex: Optional[str]
+    cause: str
+    confirm_text: str
+    confirm_when: Optional[str]  # config predicate (diagnose/predicate.py), or None
+    fixes: tuple[Fix, ...]
+    references: tuple[dict, ...]
+    applies: dict  # {"megatron-core": ">=0.17"} PEP 440 specifiers per framework
+    tests_match: tuple[str, ...]
+    tests_no_match: tuple[str, ...]
+    file: str
+    priority: int = 50
+    supersedes: tuple[str, ...] = ()
+    refines: tuple[str, ...] = ()  # ids or "category:<cat>" this signature sharpens
+    metric: Optional[str] = None  # predicate over metrics (scope metric)
+    when_captures: Optional[str] = None  # predicate over the regex captures (scope refine)
+    preflight: bool = False  # the confirm predicate is also a static preflight rule
+    docs: Optional[str] = None
+    version: int = 1
+    last_verified: Optional[str] = None
+    aliases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+
+@dataclass
+class Hit:
+    """One line that matched one signature."""
+
+    sig_id: str
+    file: str
+    line: int  # 1-based line number in ``file``
+    text: str  # the line, decoded, without rank prefix noise trimmed
+    rank: Optional[int] = None
+    time: Optional[float] = None  # seconds since epoch, where the line carries a timestamp
+    captures: dict = field(default_factory=dict)
+    order: int = 0  # global order of discovery (file order, then line)
+
+
+@dataclass
+class Finding:
+    """All hits of one signature in a run."""
+
+    signature: Signature
+    first: Hit
+    count: int = 0
+    ranks: dict = field(default_factory=dict)  # rank (or None) -> count
+    samples: list = field(default_factory=list)  # a few hits, for reports
+
+    @property
+    def id(self) -> str:
+        return self.signature.id
+
+
+@dataclass
+class RootCause:
+    finding: Finding
+    hit: Hit
+    confidence: str  # "confirmed" | "suspected"
+    because: list = field(default_factory=list)  # human reasons (config facts that confirm)
+    set_aside: list = field(default_factory=list)  # findings explained as consequences
+    overrides: list = field(default_factory=list)  # "key=value" strings
+    rank_source: Optional[str] = None  # where the rank came from (line / torchrun block)
+
+
+@dataclass
+class Report:
+    """Everything a formatter needs."""
+
+    inputs: list
+    root_cause: Optional[RootCause]
+    findings: list
+    config: Any  # RunConfig or None
+    config_source: Optional[str]
+    structure: Any  # analyze.structure summary (iterations, memory, torchrun)
+    notes: list = field(default_factory=list)  # messages about unreadable input etc.
+    bytes_read: int = 0
+    lines_read: int = 0
+    seconds: float = 0.0
