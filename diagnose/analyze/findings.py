@@ -1,0 +1,57 @@
+"""Hits -> findings: all hits of one signature, counted per rank, bounded in memory."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from ..model import Finding, Hit, Signature
+
+MAX_SAMPLES = 20
+MAX_LINES = 200_000  # (file, line) of hits kept to tell explained exceptions from the rest
+
+
+class Findings:
+    """Aggregates hits as they stream in. Memory is O(signatures x MAX_SAMPLES)."""
+
+    def __init__(self):
+        self.by_id: dict[str, Finding] = {}
+        self.lines: set = set()
+        self._order = 0
+
+    def add(self, sig: Signature, hit: Hit) -> Finding:
+        self._order += 1
+        hit.order = hit.order or self._order
+        f = self.by_id.get(sig.id)
+        if f is None:
+            f = self.by_id[sig.id] = Finding(signature=sig, first=hit, count=0, ranks=Counter(), samples=[])
+        f.count += 1
+        if len(self.lines) < MAX_LINES:
+            self.lines.add((hit.file, hit.line))
+        f.ranks[hit.rank] += 1
+        if len(f.samples) < MAX_SAMPLES:
+            f.samples.append(hit)
+        if _earlier(hit, f.first):
+            f.first = hit
+        return f
+
+    def all(self) -> list[Finding]:
+        return sorted(self.by_id.values(), key=lambda f: f.first.order)
+
+    def get(self, sig_id: str) -> Optional[Finding]:
+        return self.by_id.get(sig_id)
+
+    def remove(self, sig_id: str):
+        self.by_id.pop(sig_id, None)
+
+
+def _earlier(a: Hit, b: Hit) -> bool:
+    if a.time is not None and b.time is not None and a.time != b.time:
+        return a.time < b.time
+    return a.order < b.order
+
+
+def first_hit(hits: list[Hit]) -> Hit:
+    """The earliest hit: by timestamp where all have one, else by order of discovery."""
+    if all(h.time is not None for h in hits):
+        return min(hits, key=lambda h: (h.time, h.order))
+    return min(hits, key=lambda h: h.order)

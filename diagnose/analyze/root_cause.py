@@ -1,0 +1,192 @@
+"""From findings, structure and config to ONE root cause (or a healthy verdict).
+
+Order of reasoning:
+1. symptom (metric) and config-trap signatures are evaluated and join the line findings;
+2. exceptions no signature recognised become the generic "uncaught exception" finding;
+3. root candidates: role ``root`` findings, most severe first, then the earliest (timestamps
+   across ranks where every candidate has one, else line order); a candidate that another
+   ``supersedes`` gives way to it;
+4. with no root, the highest-priority ``cascade`` (then the earliest) is promoted;
+5. a ``refine`` signature that holds for the chosen hit (config predicate and/or captures)
+   sharpens it (e.g. CUDA OOM + activation offload at PP=1 -> the seed's "model too large");
+6. the rank: torchrun's "Root Cause (first observed failure)" names it where it is ambiguous;
+7. confidence is "confirmed" when the config (``--config`` or recovered from the log) satisfies
+   the signature's ``confirm.when`` predicate, else "suspected".
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .. import predicate as P
+from ..db import Database
+from ..model import SEVERITY_RANK, Finding, Hit, RootCause, Signature
+from ..remedy.edits import apply_edit, override
+from . import symptoms
+from .findings import Findings, first_hit
+
+GENERIC_EXCEPTION_ID = "MB-GEN-001"
+
+
+def _roots(cfg, metrics: dict, captures: Optional[dict] = None) -> dict:
+    roots = dict(cfg.data) if cfg is not None else {}
+    # metrics the caller computed win over any the config carries (preflight puts host_gb there)
+    roots["metrics"] = {**(roots.get("metrics") or {}), **metrics}
+    if captures is not None:
+        roots["captures"] = captures
+    return roots
+
+
+def add_symptoms(db: Database, findings: Findings, structure, cfg, metrics: dict, config_where: tuple):
+    """Evaluate metric- and config-scope signatures; add what holds as findings."""
+    roots = _roots(cfg, metrics)
+    for sig in db.of_scope("metric"):
+        if sig.id == GENERIC_EXCEPTION_ID:
+            continue  # added by add_unexplained_exceptions, one hit per exception
+        if not P.is_true(P.evaluate(sig.metric, roots)):
+            continue
+        if sig.confirm_when and P.evaluate(sig.confirm_when, roots) is False:
+            continue  # the config contradicts it (e.g. slow, but no optimizer offload at all)
+        ev = None
+        for name in sorted(P.names(sig.metric)):
+            key = symptoms.EVIDENCE_FOR.get(name.split(".", 1)[-1])
+            if key and key in structure.evidence:
+                ev = structure.evidence[key]
+                break
+        if ev is None:
+            ev = next(iter(structure.evidence.values()), ("", 0, sig.title))
+        file, line, text = ev
+        findings.add(sig, Hit(sig.id, file, line, text.strip(), None, None, {}, order=_order_of(file, line, findings)))
+    if cfg is not None:
+        for sig in db.of_scope("config"):
+            if P.is_true(P.evaluate(sig.confirm_when, roots)):
+                file, line = config_where
+                text = "; ".join(f"{n} = {P.lookup(roots, n)!r}" for n in sorted(P.names(sig.confirm_when)))
+                findings.add(sig, Hit(sig.id, file, line, text, None, None, {}, order=10**15))
+
+
+def _order_of(file: str, line: int, findings: Findings) -> int:
+    for f in findings.all():
+        for h in f.samples:
+            if h.file == file:
+                return (h.order // 10**12) * 10**12 + line
+    return line
+
+
+def add_unexplained_exceptions(db: Database, findings: Findings, structure, covered: set) -> int:
+    sig = db.get(GENERIC_EXCEPTION_ID)
+    n = 0
+    recs = [(tb.file, tb.line, tb.rank, tb.exc_type, tb.message, tb.text) for tb in structure.tracebacks]
+    recs += list(structure.exceptions)
+    seen = set()
+    for file, line, rank, etype, message, text in recs:
+        if (file, line) in seen or any((file, line + d) in covered for d in (-2, -1, 0, 1, 2)):
+            continue
+        seen.add((file, line))
+        if etype in ("KeyboardInterrupt", "SystemExit") or etype.endswith("Warning"):
+            continue
+        n += 1
+        if sig is not None:
+            findings.add(sig, Hit(sig.id, file, line, text.strip(), rank, None,
+                                  {"exc_type": etype, "message": message}, order=_order_of(file, line, findings)))
+    return n
+
+
+def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list) -> Optional[RootCause]:
+    allf = findings.all()
+    roots = [f for f in allf if f.signature.role == "root" and f.signature.id != GENERIC_EXCEPTION_ID]
+    chosen: Optional[Finding] = None
+    if roots:
+        top = max(SEVERITY_RANK[f.signature.severity] for f in roots)
+        roots = [f for f in roots if SEVERITY_RANK[f.signature.severity] == top]
+        firsts = {id(f): f.first for f in roots}
+        earliest = first_hit(list(firsts.values()))
+        chosen = next(f for f in roots if f.first is earliest)
+        # a more specific root present in the same run takes the place of the one it supersedes
+        for f in roots:
+            if chosen.signature.id in f.signature.supersedes:
+                chosen = f
+    else:
+        cands = [f for f in allf if f.signature.role == "cascade" and f.signature.severity == "error"]
+        generic = findings.get(GENERIC_EXCEPTION_ID)
+        if generic:
+            cands.append(generic)
+        if cands:
+            best = max(f.signature.priority for f in cands)
+            pool = [f for f in cands if f.signature.priority == best]
+            earliest = first_hit([f.first for f in pool])
+            chosen = next(f for f in pool if f.first is earliest)
+    if chosen is None:
+        return None
+
+    hit, rank_source = _pick_hit(chosen, torchrun)
+    finding, sig = chosen, chosen.signature
+    refined = _refine(db, sig, hit, cfg, metrics)
+    if refined is not None:
+        finding = findings.add(refined, Hit(refined.id, hit.file, hit.line, hit.text, hit.rank, hit.time,
+                                            hit.captures, order=hit.order))
+        sig = refined
+    roots_map = _roots(cfg, metrics, hit.captures)
+    confirmed = bool(sig.confirm_when) and P.is_true(P.evaluate(sig.confirm_when, roots_map))
+    because = []
+    if sig.confirm_when and cfg is not None:
+        for n in sorted(P.names(sig.confirm_when)):
+            v = P.lookup(roots_map, n)
+            if v is not P.UNKNOWN:
+                because.append(f"{n} = {v!r}")
+    set_aside = [f for f in allf if f is not chosen and f.signature.role in ("cascade", "confirmation")]
+    return RootCause(finding=finding, hit=hit, confidence="confirmed" if confirmed else "suspected",
+                     because=because, set_aside=set_aside, overrides=static_overrides(sig, cfg, roots_map),
+                     rank_source=rank_source)
+
+
+def _pick_hit(f: Finding, torchrun: list) -> tuple[Hit, str]:
+    hit = f.first
+    roots = [t for t in torchrun if t.section == "root" and t.rank is not None]
+    if roots:
+        want = roots[0].rank
+        for h in f.samples:
+            if h.rank == want:
+                return h, "torchrun Root Cause block"
+        if hit.rank is None and len(f.ranks) <= 1:
+            hit.rank = want
+            return hit, "torchrun Root Cause block"
+    return hit, "log line" if hit.rank is not None else ""
+
+
+def _refine(db: Database, sig: Signature, hit: Hit, cfg, metrics: dict) -> Optional[Signature]:
+    best = None
+    roots = _roots(cfg, metrics, hit.captures)
+    for r in db.refiners_of(sig):
+        ok = True
+        if r.when_captures:
+            ok = P.is_true(P.evaluate(r.when_captures, roots))
+        if ok and r.confirm_when:
+            ok = P.is_true(P.evaluate(r.confirm_when, roots))
+        if ok and not (r.when_captures or r.confirm_when):
+            ok = False
+        if ok and (best is None or r.priority > best.priority):
+            best = r
+    return best
+
+
+def static_overrides(sig: Signature, cfg, roots: dict) -> list[str]:
+    """``key=value`` overrides of the first applicable fix with structured edits."""
+    for fix in sig.fixes:
+        if not fix.edits:
+            continue
+        if fix.when and P.evaluate(fix.when, roots) is False:
+            continue
+        out = []
+        for e in fix.edits:
+            cur = cfg.get(e.key) if cfg is not None else None
+            if e.op in ("scale", "add") and not isinstance(cur, (int, float)):
+                out.append(f"{e.key}={'x' if e.op == 'scale' else '+'}{e.value}")
+                continue
+            _, new = apply_edit(cur, e)
+            out.append(override(e.key, new, e.op))
+        return out
+    return []
+
+
+def severity_at_least(f: Finding, level: str) -> bool:
+    return f.signature.role != "advice" and SEVERITY_RANK[f.signature.severity] >= SEVERITY_RANK[level]

@@ -1,0 +1,102 @@
+"""Metric series -> the numbers metric signatures test (``metrics.*`` in predicates).
+
+Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
+  iterations             iteration lines seen
+  last_iteration         highest iteration number; train_iters: the planned total
+  iter_ms_median         median elapsed time per iteration (ms)
+  iter_ms_first          median of the first iterations after the first (warm-up) one
+  iter_ms_last           median of the last three iterations
+  iter_time_growth       iter_ms_last / iter_ms_first
+  slowdown               iter_ms_median / the baseline run's median (``--baseline-log``)
+  loss_missing_iters     iteration lines without any loss field (Megatron drops a NaN loss)
+  loss_nan_iters         iteration lines whose loss is nan/inf
+  grad_norm_nan_iters    iteration lines whose grad norm is nan/inf
+  nan_iters_reported     the largest "number of nan iterations"
+  optimizer_share        optimizer / (forward-backward + optimizer) from the last timer block
+  mem_max_allocated_gb   largest (max) allocated memory reported, GB = 1e9 bytes
+  alloc_retries_growth   growth of Bridge's mem-alloc-retires over the run
+  unexplained_exceptions Python exceptions that no signature recognised
+"""
+from __future__ import annotations
+
+import math
+from statistics import median
+from typing import Optional
+
+from ..logs.structure import Structure
+
+
+def _is_bad(v: str) -> bool:
+    return str(v).strip().lower().lstrip("+-") in ("nan", "inf")
+
+
+def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
+    m: dict = {}
+    pts = [p for p in s.iterations]
+    if pts:
+        m["iterations"] = len(pts) * s.decimation
+        m["last_iteration"] = max(p.iteration for p in pts)
+        m["train_iters"] = max(p.train_iters for p in pts)
+        times = [p.elapsed_ms for p in pts if p.elapsed_ms is not None and math.isfinite(p.elapsed_ms)]
+        if times:
+            m["iter_ms_median"] = median(times)
+            if len(times) >= 6:
+                head = times[1:4]
+                m["iter_ms_first"] = median(head)
+                m["iter_ms_last"] = median(times[-3:])
+                if m["iter_ms_first"] > 0:
+                    m["iter_time_growth"] = m["iter_ms_last"] / m["iter_ms_first"]
+            if baseline_ms:
+                m["slowdown"] = m["iter_ms_median"] / baseline_ms
+        loss_missing = loss_nan = gn_nan = 0
+        nan_rep = 0
+        for p in pts:
+            f = p.fields
+            losses = [v for k, v in f.items() if k.lower().endswith("loss")]
+            if not losses:
+                loss_missing += 1
+            elif any(_is_bad(v) for v in losses):
+                loss_nan += 1
+            if _is_bad(f.get("grad norm", "")):
+                gn_nan += 1
+            try:
+                nan_rep = max(nan_rep, int(f.get("number of nan iterations", "0").strip() or 0))
+            except ValueError:
+                pass
+        m["loss_missing_iters"] = loss_missing * s.decimation
+        m["loss_nan_iters"] = loss_nan * s.decimation
+        m["grad_norm_nan_iters"] = gn_nan * s.decimation
+        m["nan_iters_reported"] = nan_rep
+    elif s.step_times:
+        m["iter_ms_median"] = median(s.step_times)
+        if baseline_ms:
+            m["slowdown"] = m["iter_ms_median"] / baseline_ms
+    t = s.timers
+    opt = t.get("optimizer")
+    fb = t.get("forward-backward")
+    if opt and fb and (opt[1] + fb[1]) > 0:
+        m["optimizer_share"] = opt[1] / (opt[1] + fb[1])
+    mems = [r["values"].get("max_allocated") or r["values"].get("allocated") for r in s.memory]
+    mems = [x for x in mems if x is not None]
+    if mems:
+        m["mem_max_allocated_gb"] = max(mems)
+    retries = [r["values"].get("alloc_retries") for r in s.memory if r["values"].get("alloc_retries") is not None]
+    if len(retries) >= 2:
+        m["alloc_retries_growth"] = max(retries) - retries[0]
+    return m
+
+
+# which evidence line (logs/structure.py Structure.evidence) stands for which metric
+EVIDENCE_FOR = {
+    "loss_missing_iters": "loss_missing",
+    "grad_norm_nan_iters": "grad_norm_nan",
+    "loss_nan_iters": "loss_nan",
+    "iter_time_growth": "slowest_iteration",
+    "slowdown": "slowest_iteration",
+    "iter_ms_median": "slowest_iteration",
+    "optimizer_share": "timers",
+    "nan_iters_reported": "loss_nan",
+    "mem_max_allocated_gb": "memory",
+    "alloc_retries_growth": "memory",
+    "unexplained_exceptions": "exception",
+}

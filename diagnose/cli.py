@@ -1,0 +1,79 @@
+"""The ``diagnose`` command line: parse, wire, print, exit. No logic lives here.
+
+``diagnose PATH...`` is the scan (the group routes anything that is not a subcommand to
+``scan``), so the design card's ``diagnose logs/run.out`` and ``diagnose --fix cfg.yaml
+--relaunch`` work as written. Subcommands live in ``diagnose/commands/<name>.py``.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from . import __version__, exitcodes
+from .commands import REGISTRY
+
+
+class DefaultGroup(click.Group):
+    """A group whose default command is ``scan``."""
+
+    default_command = "scan"
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx, formatter):
+        formatter.write_usage("diagnose", "[PATH]... [OPTIONS] | COMMAND [ARGS]...")
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=exitcodes.HELP)
+@click.version_option(__version__, prog_name="diagnose")
+def cli():
+    """Diagnose failed Megatron-Core / Megatron-Bridge training runs.
+
+    \b
+      diagnose logs/run.out                     scan a log (files, folders, .gz, - for stdin)
+      diagnose logs/run.out --fix cfg.yaml      plan and apply a fix to the config
+      diagnose logs/ --fix cfg.yaml --relaunch  ...then relaunch, follow, repeat
+      diagnose check cfg.yaml [key=value ...]   preflight a config before any GPU is spent
+      diagnose signatures list|show ID|test     the signature database
+    """
+
+
+for _name, _cmd in REGISTRY.items():
+    cli.add_command(_cmd, _name)
+
+
+def main(argv=None):
+    try:
+        rv = cli.main(args=argv, prog_name="diagnose", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exitcodes.USAGE
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        return 130
+    except BrokenPipeError:
+        return exitcodes.OK
+    except Exception as exc:  # a bug: one line for the user, the traceback only on request
+        import os
+        import traceback
+
+        if os.environ.get("DIAGNOSE_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"diagnose: internal error: {type(exc).__name__}: {exc} (set DIAGNOSE_DEBUG=1 for the traceback)",
+                   err=True)
+        return exitcodes.INTERNAL
+    return rv if isinstance(rv, int) else exitcodes.OK
+
+
+def entry():  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Helpers shared by commands: loading the database and configs with one-line errors."""
+from __future__ import annotations
+
+import click
+
+from .. import db as DB
+from ..config.load import ConfigError, load_config
+
+
+def load_db(path=None):
+    try:
+        return DB.load(path)
+    except DB.DatabaseError as exc:
+        raise click.ClickException(f"signature database: {exc}") from None
+
+
+def load_cfg(path):
+    if not path:
+        return None
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def versions_option(mcore_version):
+    return {"megatron-core": mcore_version} if mcore_version else {"megatron-core": newest_known()}
+
+
+def newest_known() -> str:
+    return "0.19.2"

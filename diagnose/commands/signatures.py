@@ -1,0 +1,120 @@
+"""``diagnose signatures list|show|test``: browse, explain and self-test the database."""
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .. import exitcodes
+from .common import load_db
+
+
+@click.group()
+def signatures():
+    """The signature database: list, show ID, test."""
+
+
+@signatures.command("list")
+@click.option("--category", help="Only this category.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def list_(category, fmt):
+    """One line per signature."""
+    db = load_db()
+    sigs = [s for s in db.signatures if not category or s.category == category]
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps([{"id": s.id, "slug": s.slug, "title": s.title, "category": s.category,
+                                "severity": s.severity, "role": s.role, "scope": s.scope} for s in sigs], indent=2))
+        return exitcodes.OK
+    t = Table(show_lines=False, expand=False)
+    for col in ("ID", "Slug", "Category", "Sev", "Role", "Scope", "Title"):
+        t.add_column(col)
+    for s in sigs:
+        t.add_row(s.id, s.slug, s.category, s.severity, s.role, s.scope, escape(s.title))
+    Console(width=200).print(t)
+    click.echo(f"{len(sigs)} signatures in {len(db.files)} files")
+    return exitcodes.OK
+
+
+@signatures.command("show")
+@click.argument("key")
+def show(key):
+    """Everything about one signature (by id, slug or alias)."""
+    db = load_db()
+    s = db.get(key)
+    if s is None:
+        raise click.ClickException(f"no signature {key!r} (see: diagnose signatures list)")
+    c = Console(width=110, highlight=False)
+    c.print(f"[bold]{s.id}[/] ({escape(s.slug)}) — {escape(s.title)}")
+    c.print(f"category {s.category} · severity {s.severity} · role {s.role} · scope {s.scope} · priority {s.priority}"
+            f" · file signatures/{s.file} · version {s.version}" + (f" · verified {s.last_verified}" if s.last_verified else ""))
+    if s.applies:
+        c.print("applies to: " + ", ".join(f"{k} {v}" for k, v in s.applies.items()))
+    if s.anchors:
+        c.print("\n[bold]Matches[/]")
+        for a in s.anchors:
+            c.print(f"  anchor: {escape(repr(a))}")
+        if s.regex:
+            c.print(f"  regex:  {escape(s.regex)}")
+    if s.metric:
+        c.print(f"\n[bold]Metric[/]  {escape(s.metric)}")
+    if s.refines:
+        c.print(f"\n[bold]Refines[/]  {', '.join(s.refines)}" + (f"  when captures: {escape(s.when_captures)}" if s.when_captures else ""))
+    c.print(f"\n[bold]Cause[/]\n  {escape(s.cause)}")
+    c.print(f"\n[bold]How to confirm[/]\n  {escape(s.confirm_text)}")
+    if s.confirm_when:
+        c.print(f"  config predicate: {escape(s.confirm_when)}" + ("  [dim](also a preflight rule)[/]" if s.preflight else ""))
+    if s.fixes:
+        c.print("\n[bold]Fixes[/]")
+        from ..remedy.edits import override
+
+        for fx in s.fixes:
+            c.print(f"  - [{fx.safety}] {escape(fx.text)}")
+            for e in fx.edits:
+                c.print(f"      {escape(override(e.key, e.value, e.op)) if e.op in ('set', 'delete') else escape(f'{e.key} {e.op} {e.value}')}")
+            if fx.compute:
+                c.print(f"      computed: {fx.compute}")
+            if fx.effect:
+                c.print(f"      effect: {escape(fx.effect)}")
+    if s.references:
+        c.print("\n[bold]Source[/]")
+        for r in s.references:
+            c.print("  " + escape(" ".join(str(v) for v in r.values())))
+    c.print("\n[bold]Examples[/]")
+    for case in s.tests_match:
+        c.print(f"  [green]match[/]    {escape(_case(case))}")
+    for case in s.tests_no_match:
+        c.print(f"  [red]no match[/] {escape(_case(case))}")
+    return exitcodes.OK
+
+
+def _case(case) -> str:
+    if isinstance(case, str):
+        return case
+    parts = []
+    if case.get("log") or case.get("line"):
+        parts.append((case.get("log") or case.get("line")).strip().splitlines()[-1][:160])
+    if case.get("config") is not None:
+        parts.append(f"with config {case['config']}")
+    return " ".join(parts)
+
+
+@signatures.command("test")
+@click.argument("ids", nargs=-1)
+@click.option("-v", "--verbose", is_flag=True)
+def test(ids, verbose):
+    """Run every signature's must-match / must-not-match examples."""
+    from ..sigtest import run_all
+
+    db = load_db()
+    results = run_all(db, set(ids) or None)
+    bad = [r for r in results if not r.ok]
+    for r in results if verbose else bad:
+        mark = "ok  " if r.ok else "FAIL"
+        kind = "match" if r.expect else "no_match"
+        click.echo(f"{mark} {r.sig.id} {kind}: {_case(r.case)[:150]} {r.detail}")
+    nsig = len({r.sig.id for r in results})
+    click.echo(f"{len(results) - len(bad)} passed, {len(bad)} failed ({nsig} signatures)")
+    return exitcodes.FINDINGS if bad else exitcodes.OK

@@ -1,0 +1,82 @@
+"""Read a config file into a RunConfig: Bridge run_config.yaml, plain YAML, or an MLM arguments dump."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .runconfig import RunConfig, from_log_blocks, normalize, strip_targets
+
+
+class ConfigError(Exception):
+    """The config cannot be used (one line, names the file and, where known, the key path)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses duplicate keys instead of silently keeping the last one."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+        seen[key] = True
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+MAX_CONFIG_BYTES = 32 << 20
+
+
+def load_config(path: str) -> RunConfig:
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a config file")
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if "------------------------ arguments ------------------------" in text:
+        return _from_log_text(text, path)
+    try:
+        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
+    if doc is None:
+        raise ConfigError(f"{path}: empty config")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, optimizer:, ...), got {type(doc).__name__}")
+    return normalize(RunConfig(strip_targets(doc), path))
+
+
+def _from_log_text(text: str, path: str) -> RunConfig:
+    from ..logs.read import Chunk
+    from ..logs import structure as S
+    from ..scan import Scanner
+    from ..db import load
+
+    sc = Scanner(load())
+    from ..scan import ScanResult
+    from ..analyze.findings import Findings
+
+    res = ScanResult(Findings(), S.Structure(), [])
+    sc.scan_chunk(Chunk(text.encode(), 1, 0), path, 0, res)
+    sc._close_blocks(res)
+    cfg = from_log_blocks(res.structure.config_blocks)
+    if cfg is None:
+        raise ConfigError(f"{path}: no arguments block could be read")
+    return cfg

@@ -1,0 +1,81 @@
+"""The scan pipeline, left to right: read -> structure + match -> findings -> root cause -> Report."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+from .analyze import root_cause as RC
+from .analyze import symptoms
+from .config.runconfig import RunConfig, from_log_blocks
+from .db import Database, load
+from .model import Report
+from .scan import Scanner, ScanResult
+
+_SCANNERS: dict = {}
+
+
+def scanner_for(db: Database, engine: Optional[str] = None, versions: Optional[dict] = None) -> Scanner:
+    key = (id(db), engine, tuple(sorted((versions or {}).items())))
+    sc = _SCANNERS.get(key)
+    if sc is None:
+        sc = _SCANNERS[key] = Scanner(db, engine, versions)
+    return sc
+
+
+def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
+            baseline_ms: Optional[float] = None, inputs: Optional[list] = None) -> Report:
+    """Findings + structure (+ a config) -> Report with the one root cause."""
+    logged = from_log_blocks(res.structure.config_blocks)
+    cfg = logged.merge(config) if (logged and config) else (config or logged)
+    if cfg is not None:
+        where = _config_where(res, config)
+    else:
+        where = ("", 0)
+    metrics = symptoms.compute(res.structure, baseline_ms)
+    metrics["unexplained_exceptions"] = RC.add_unexplained_exceptions(db, res.findings, res.structure,
+                                                                      res.findings.lines)
+    RC.add_symptoms(db, res.findings, res.structure, cfg, metrics, where)
+    root = RC.choose(db, res.findings, cfg, metrics, res.structure.torchrun)
+    report = Report(inputs=list(inputs or res.sources), root_cause=root, findings=res.findings.all(),
+                    config=cfg, config_source=cfg.source if cfg is not None else None,
+                    structure=res.structure, notes=list(res.notes), bytes_read=res.bytes_read,
+                    lines_read=res.lines_read, seconds=res.seconds)
+    report.metrics = metrics  # type: ignore[attr-defined]
+    report.engine = res.engine  # type: ignore[attr-defined]
+    return report
+
+
+def _config_where(res: ScanResult, given: Optional[RunConfig]) -> tuple:
+    if given is not None and given.source:
+        return (given.source, 1)
+    blocks = res.structure.config_blocks
+    if blocks:
+        kind, file, line, _ = blocks[-1]
+        return (file, line)
+    return ("", 0)
+
+
+def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: Optional[RunConfig] = None,
+                   engine: Optional[str] = None, versions: Optional[dict] = None,
+                   baseline_ms: Optional[float] = None,
+                   progress: Optional[Callable[[int], None]] = None) -> Report:
+    db = db or load()
+    res = scanner_for(db, engine, versions).scan_paths(list(paths), progress=progress)
+    return analyze(db, res, config, baseline_ms)
+
+
+def diagnose_text(text: str, db: Optional[Database] = None, config: Optional[RunConfig] = None,
+                  name: str = "<text>", versions: Optional[dict] = None) -> Report:
+    """Diagnose a log held in memory (signature tests, follow mode)."""
+    from .analyze.findings import Findings
+    from .logs import structure as S
+    from .logs.read import Chunk
+
+    db = db or load()
+    sc = scanner_for(db, None, versions)
+    res = ScanResult(Findings(), S.Structure(), [], engine=sc.engine.name)
+    data = text.encode("utf-8")
+    sc.scan_chunk(Chunk(data, 1, 0), name, 0, res)
+    sc._close_blocks(res)
+    res.sources.append(name)
+    res.bytes_read = len(data)
+    return analyze(db, res, config)

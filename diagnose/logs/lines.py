@@ -1,0 +1,114 @@
+"""One line's framing: ANSI colour codes, launcher rank prefixes, timestamps.
+
+Only lines that matter (anchor hits, structure blocks) go through here, never every line.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from typing import Optional
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+# Launcher prefixes, outermost first. Each strips one layer and may name a rank.
+_PREFIXES = [
+    # srun -l / NeMo-Run multi-node:   " 2: [rank2]: ..." or "15: ..."
+    (re.compile(r"^\s{0,3}(\d{1,5}): "), "task"),
+    # NeMo-Run / torchx:                "i.pretrain/0 [default2]:"
+    (re.compile(r"^[\w.\-]+/\d+ (?=\[default\d+\]:)"), None),
+    # torchrun --tee / --log-dir:       "[default0]:"
+    (re.compile(r"^\[default(\d+)\]:"), "local"),
+    # torch >= 2.3 per-rank prefix:     "[rank3]:"
+    (re.compile(r"^\[rank(\d+)\]:"), "rank"),
+    # Ray workers:                      "(RayWorker pid=1234) "
+    (re.compile(r"^\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) "), None),
+]
+# Ranks named inside the message (NCCL watchdog "[Rank 2]", MLM/Bridge "[Rank 0] (after ...",
+# NaN asserts "Rank 3:", the rerun state machine "Rank 3, node ...").
+_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\bRank (\d+)[:,]|\brank[:=] ?(\d+)\b")
+
+_TS = [
+    # "[2026-08-22 15:22:22]" / " [2026-08-22 15:22:22.123456]" / "2026-08-22 15:22:22,123"
+    (re.compile(r"(\d{4}-\d\d-\d\d)[ T_](\d\d:\d\d:\d\d)(?:[.,](\d{1,9}))?"), "iso"),
+    # glog: "E1130 10:58:34.718000" / "[E810 03:04:11.061727749"
+    (re.compile(r"\b[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?"), "glog"),
+]
+
+
+def strip_ansi(s: str) -> str:
+    return ANSI.sub("", s) if "\x1b" in s else s
+
+
+def clean(raw: bytes) -> str:
+    """Decode a raw line: invalid UTF-8 replaced, CR and ANSI codes dropped, NULs removed."""
+    s = raw.decode("utf-8", "replace")
+    if "\r" in s:
+        s = s.rstrip("\r\n")
+        if "\r" in s:  # progress bars rewrite the line: keep what was written last
+            s = s.rsplit("\r", 1)[-1] or s.replace("\r", "")
+    if "\x00" in s:
+        s = s.replace("\x00", "")
+    return strip_ansi(s.rstrip("\n"))
+
+
+def split_prefix(line: str) -> tuple[Optional[int], str]:
+    """(rank or None, message without the launcher prefixes)."""
+    rank = task = local = None
+    rest = line
+    for _ in range(4):
+        for pat, kind in _PREFIXES:
+            m = pat.match(rest)
+            if m:
+                if kind == "rank":
+                    rank = int(m.group(1))
+                elif kind == "task":
+                    task = int(m.group(1))
+                elif kind == "local":
+                    local = int(m.group(1))
+                rest = rest[m.end():].lstrip(" ") if kind == "task" else rest[m.end():]
+                break
+        else:
+            break
+    if rank is None:
+        m = _RANK_IN_TEXT.search(rest)
+        if m:
+            rank = int(next(g for g in m.groups() if g is not None))
+    if rank is None:
+        rank = task if task is not None else local
+    return rank, rest
+
+
+def prefix_key(line: str) -> str:
+    """The launcher prefix of a line, used to follow one rank's traceback through interleaving."""
+    end = 0
+    rest = line
+    for _ in range(4):
+        for pat, _kind in _PREFIXES:
+            m = pat.match(rest)
+            if m:
+                end += m.end()
+                rest = rest[m.end():]
+                break
+        else:
+            break
+    return line[:end].strip()
+
+
+def timestamp(line: str, year: Optional[int] = None) -> Optional[float]:
+    """Seconds since the epoch (UTC, naive) for the first timestamp in ``line``, if any."""
+    for pat, kind in _TS:
+        m = pat.search(line)
+        if not m:
+            continue
+        try:
+            if kind == "iso":
+                frac = m.group(3) or "0"
+                t = _dt.datetime.strptime(f"{m.group(1)} {m.group(2)}", "%Y-%m-%d %H:%M:%S")
+                return t.replace(tzinfo=_dt.timezone.utc).timestamp() + float("0." + frac)
+            mo, d, hh, mm, ss, frac = m.groups()
+            y = year or _dt.datetime.now(_dt.timezone.utc).year
+            t = _dt.datetime(y, int(mo), int(d), int(hh), int(mm), int(ss), tzinfo=_dt.timezone.utc)
+            return t.timestamp() + float("0." + (frac or "0"))
+        except ValueError:
+            continue
+    return None

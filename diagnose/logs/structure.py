@@ -1,0 +1,493 @@
+"""The structure of a training log: what a line-by-line grep cannot see.
+
+Each parser is keyed by literal anchors (registered with the match engine next to the
+signatures, so structure costs nothing on lines that have none) and reads either the one line
+that hit (iteration and memory lines) or a block that starts there (timer blocks, tracebacks,
+torchrun's ChildFailedError summary, the MLM ``arguments`` dump, Bridge's ``Final configuration:``
+YAML and its non-default summary). Everything kept is bounded in size.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .lines import clean, prefix_key, split_prefix, timestamp
+
+MAX_SERIES = 200_000  # iteration points kept (then decimated by 2)
+MAX_RECORDS = 200  # tracebacks, exceptions, memory reports kept
+
+# structure key -> anchors. Keys start with "@" so they never collide with signature ids.
+ANCHORS: dict[str, tuple[str, ...]] = {
+    "@iteration": ("elapsed time per iteration (ms):",),
+    "@memory": (" memory (MB) | ", " memory (GB) | "),
+    "@timers": ("time across ranks (ms):", "times across ranks (ms):"),
+    "@traceback": ("Traceback (most recent call last):",),
+    "@exception": ("Error: ", "Exception: ", "Error:\n", "Exception:\n", "Error\n"),
+    "@torchrun": ("ChildFailedError", "Root Cause (first observed failure):"),
+    "@mlm_args": ("------------------------ arguments ------------------------",),
+    "@bridge_yaml": ("Final configuration:",),
+    "@bridge_summary": ("Configuration Summary (Non-Default Values",),
+    "@step_time": ("Step Time : ",),
+    "@theoretical": ("Theoretical memory footprints:",),
+}
+
+_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_FIELD = re.compile(r"\s*([A-Za-z][\w ()/\-.]*?):\s+([^|]*?)\s*(?=\||$)")
+_MEM_HEAD = re.compile(r"\(after (\d+) iterations\) memory \((MB|GB)\)")
+_MEM_FIELD = re.compile(r"\|\s*([\w\- ]+?):\s*([\d.eE+\-]+)")
+_TIMER_LINE = re.compile(r"^\s{2,}([\w\-/ ]+?)\s*\.{2,}\s*:\s*(?:\(\s*([\d.]+),\s*([\d.]+)\)|([\d.]+))\s*$")
+_EXC_LINE = re.compile(
+    r"^(?:\s*)((?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure))(?::\s?(.*))?$"
+)
+_TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_ARGS_LINE = re.compile(r"^\s+(\S+) \.{3,} (.*)$")
+_SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
+_SUMMARY_FIELD = re.compile(r"^\s{2}(\w+): (.*?)(?:\s{2}\(Mcore default: .*\))?\s*$")
+_YAML_LINE = re.compile(r"^(\s*)(?:- |[\w.\-]+:(?:\s|$)|-$)")
+_STEP_TIME = re.compile(r"Step Time : ([\d.]+)s")
+
+
+def _num(s: str):
+    s = s.strip()
+    try:
+        if re.fullmatch(r"[+-]?\d+", s):
+            return int(s)
+        return float(s)
+    except ValueError:
+        low = s.lower()
+        if low in ("nan", "-nan", "+nan"):
+            return float("nan")
+        if low in ("inf", "+inf", "infinity"):
+            return float("inf")
+        if low in ("-inf", "-infinity"):
+            return float("-inf")
+        return None
+
+
+def literal(s: str):
+    """Best-effort value of a printed config value: True/False/None/numbers/lists, else the string."""
+    s = s.strip()
+    if s in ("True", "true"):
+        return True
+    if s in ("False", "false"):
+        return False
+    if s in ("None", "null", "~"):
+        return None
+    try:
+        return ast.literal_eval(s)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return s
+
+
+@dataclass
+class IterationPoint:
+    iteration: int
+    train_iters: int
+    elapsed_ms: Optional[float]
+    fields: dict
+    file: str
+    line: int
+    time: Optional[float]
+
+
+@dataclass
+class Traceback:
+    file: str
+    line: int  # line of the exception (or of the header while open)
+    rank: Optional[int]
+    exc_type: Optional[str] = None
+    message: str = ""
+    text: str = ""
+    frames: list = field(default_factory=list)
+
+
+@dataclass
+class TorchrunFailure:
+    section: str  # "failure" | "root"
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    exitcode: Optional[int] = None
+    host: str = ""
+    time: str = ""
+    error_file: str = ""
+    traceback: str = ""
+    file: str = ""
+    line: int = 0
+
+
+@dataclass
+class Structure:
+    """What the scan learnt about the log's structure (bounded)."""
+
+    iterations: list = field(default_factory=list)
+    decimation: int = 1
+    memory: list = field(default_factory=list)  # dicts: file,line,rank,iteration,unit,values (GB)
+    timers: dict = field(default_factory=dict)  # name -> (min, max) of the last block
+    timer_blocks: int = 0
+    tracebacks: list = field(default_factory=list)
+    traceback_count: int = 0
+    exceptions: list = field(default_factory=list)  # (file, line, rank, type, message, text)
+    torchrun: list = field(default_factory=list)  # TorchrunFailure
+    config_blocks: list = field(default_factory=list)  # (kind, file, line, dict)
+    step_times: list = field(default_factory=list)
+    theoretical_mb: Optional[float] = None
+    first_time: Optional[float] = None
+    last_time: Optional[float] = None
+
+    evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
+
+    def note(self, name: str, file: str, line: int, text: str, replace: bool = False):
+        if replace or name not in self.evidence:
+            self.evidence[name] = (file, line, text[:2000])
+
+    def add_iteration(self, p: IterationPoint, text: str = ""):
+        if text:
+            self._iteration_evidence(p, text)
+        self.iterations.append(p)
+        if len(self.iterations) > MAX_SERIES:
+            self.iterations = self.iterations[::2]
+            self.decimation *= 2
+
+
+    def _iteration_evidence(self, p: IterationPoint, text: str):
+        f = p.fields
+        losses = {k: v for k, v in f.items() if k.lower().endswith("loss")}
+        gn = f.get("grad norm", "").lower()
+        if gn in ("nan", "-nan", "inf", "-inf"):
+            self.note("grad_norm_nan", p.file, p.line, text)
+        if not losses:
+            self.note("loss_missing", p.file, p.line, text)
+        elif any(str(v).lower().lstrip("+-") in ("nan", "inf") for v in losses.values()):
+            self.note("loss_nan", p.file, p.line, text)
+        if p.elapsed_ms is not None:
+            best = self.evidence.get("_max_elapsed")
+            if best is None or p.elapsed_ms > best[0]:
+                self.evidence["_max_elapsed"] = (p.elapsed_ms,)
+                self.note("slowest_iteration", p.file, p.line, text, replace=True)
+        self.note("last_iteration", p.file, p.line, text, replace=True)
+
+
+# --------------------------------------------------------------------------- single-line parsers
+
+def parse_iteration(text: str, file: str, line: int) -> Optional[IterationPoint]:
+    m = _ITER.search(text)
+    if not m:
+        return None
+    fields = {}
+    for fm in _FIELD.finditer(text[m.end():]):
+        key = fm.group(1).strip()
+        fields[key] = fm.group(2).strip()
+    elapsed = _num(fields.get("elapsed time per iteration (ms)", "")) if fields else None
+    return IterationPoint(int(m.group(1)), int(m.group(2)), elapsed, fields, file, line, timestamp(text))
+
+
+def parse_memory(text: str) -> Optional[dict]:
+    m = _MEM_HEAD.search(text)
+    if not m:
+        return None
+    scale = 2**20 / 1e9 if m.group(2) == "MB" else 1.0  # MLM MB are MiB; Bridge GB are 1e9 bytes
+    vals = {}
+    for fm in _MEM_FIELD.finditer(text[m.end():]):
+        v = _num(fm.group(2))
+        if v is None:
+            continue
+        key = fm.group(1).strip()
+        vals[key] = v if ("count" in key or "retires" in key or "retries" in key) else v * scale
+    # one vocabulary for both formats (GB = 1e9 bytes)
+    norm = {
+        "allocated": vals.get("allocated", vals.get("mem-allocated-gigabytes")),
+        "max_allocated": vals.get("max allocated", vals.get("mem-max-allocated-gigabytes")),
+        "reserved": vals.get("reserved", vals.get("mem-reserved-gigabytes")),
+        "max_reserved": vals.get("max reserved", vals.get("mem-max-reserved-gigabytes")),
+        "alloc_retries": vals.get("mem-alloc-retires"),
+    }
+    return {"iteration": int(m.group(1)), "unit": m.group(2), "values": norm, "raw": vals}
+
+
+# --------------------------------------------------------------------------- block readers
+
+class Block:
+    """Reads lines after a start anchor until it is done (``feed`` returns False)."""
+
+    max_lines = 2000
+
+    def __init__(self, structure: Structure, file: str, line: int, first: str):
+        self.s, self.file, self.start_line = structure, file, line
+        self.n = 0
+        self.start(first)
+
+    def start(self, first: str):
+        pass
+
+    def feed(self, raw: bytes, line: int) -> bool:
+        self.n += 1
+        if self.n > self.max_lines:
+            self.finish()
+            return False
+        if not self.line(clean(raw), line):
+            self.finish()
+            return False
+        return True
+
+    def line(self, text: str, line: int) -> bool:
+        return False
+
+    def finish(self):
+        pass
+
+
+class TimerBlock(Block):
+    max_lines = 200
+
+    def start(self, first):
+        self.values = {}
+
+    def line(self, text, line):
+        _, msg = split_prefix(text)
+        m = _TIMER_LINE.match(msg)
+        if not m:
+            return False
+        name = m.group(1).strip()
+        if m.group(4) is not None:
+            self.values[name] = (float(m.group(4)), float(m.group(4)))
+        else:
+            self.values[name] = (float(m.group(2)), float(m.group(3)))
+        return True
+
+    def finish(self):
+        if self.values:
+            self.s.note("timers", self.file, self.start_line, "timers: " + ", ".join(
+                f"{k} {v[1]:.1f} ms" for k, v in list(self.values.items())[:6]), replace=True)
+            self.s.timer_blocks += 1
+            self.s.timers.update(self.values)
+
+
+class TracebackBlock(Block):
+    """One rank's traceback, followed through other ranks' interleaved lines by its prefix."""
+
+    max_lines = 600
+
+    def start(self, first):
+        self.key = prefix_key(first)
+        self.rank, _ = split_prefix(first)
+        self.frames = []
+        self.others = 0
+
+    def line(self, text, line):
+        if prefix_key(text) != self.key:
+            self.others += 1
+            return self.others < 400
+        _, msg = split_prefix(text)
+        stripped = msg.strip()
+        if not stripped or stripped.startswith(("File ", "^", "~")) or msg.startswith((" ", "\t")):
+            if stripped.startswith("File "):
+                self.frames.append(stripped)
+                self.frames = self.frames[-8:]
+            return True
+        m = _EXC_LINE.match(stripped)
+        if m:
+            self.s.traceback_count += 1
+            if len(self.s.tracebacks) < MAX_RECORDS:
+                self.s.tracebacks.append(Traceback(self.file, line, self.rank, m.group(1), (m.group(2) or "").strip(),
+                                                   msg, list(self.frames)))
+            return False
+        if stripped.startswith(("During handling", "The above exception")):
+            return True
+        return False
+
+
+class TorchrunBlock(Block):
+    """torchrun's ChildFailedError summary: Failures and Root Cause (first observed failure)."""
+
+    max_lines = 3000
+
+    def start(self, first):
+        self.section = "root" if "Root Cause" in first else None
+        self.cur: Optional[TorchrunFailure] = None
+        self.in_tb = False
+        self.rules = 0
+
+    def _close(self):
+        if self.cur is not None and len(self.s.torchrun) < MAX_RECORDS:
+            self.s.torchrun.append(self.cur)
+        self.cur = None
+
+    def line(self, text, line):
+        _, msg = split_prefix(text)
+        st = msg.strip()
+        if st.startswith("====="):
+            self.rules += 1
+            if self.rules >= 2:
+                return False
+            return True
+        if st.startswith("Failures:"):
+            self.section, self.in_tb = "failure", False
+            return True
+        if st.startswith("Root Cause (first observed failure)"):
+            self._close()
+            self.section, self.in_tb = "root", False
+            return True
+        if st.startswith("-----"):
+            self._close()
+            self.in_tb = False
+            return True
+        if re.fullmatch(r"\[\d+\]:", st):
+            self._close()
+            if self.section:
+                self.cur = TorchrunFailure(self.section, file=self.file, line=line)
+            self.in_tb = False
+            return True
+        m = _TORCHRUN_FIELD.match(msg)
+        if m and self.cur is not None and not (self.in_tb and msg.startswith("    ")):
+            k, v = m.group(1), m.group(2).strip()
+            if k == "rank":
+                rm = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", v)
+                if rm:
+                    self.cur.rank = int(rm.group(1))
+                    self.cur.local_rank = int(rm.group(2)) if rm.group(2) else None
+            elif k == "exitcode":
+                em = re.match(r"(-?\d+)", v)
+                self.cur.exitcode = int(em.group(1)) if em else None
+            elif k == "traceback":
+                self.cur.traceback = v
+                self.in_tb = True
+            else:
+                setattr(self.cur, k, v)
+            return True
+        if self.in_tb and self.cur is not None:
+            if len(self.cur.traceback) < 20000:
+                self.cur.traceback += "\n" + msg
+            return True
+        return self.section is not None or self.n < 40  # before "Failures:" the header lines
+
+    def finish(self):
+        self._close()
+
+
+class ArgsBlock(Block):
+    """Megatron-LM's ``arguments`` dump."""
+
+    max_lines = 3000
+
+    def start(self, first):
+        self.args = {}
+
+    def line(self, text, line):
+        _, msg = split_prefix(text)
+        if "end of arguments" in msg:
+            return False
+        m = _ARGS_LINE.match(msg)
+        if m:
+            self.args[m.group(1)] = literal(m.group(2))
+            return True
+        return not msg.strip() or self.n < 3
+
+    def finish(self):
+        if self.args:
+            self.s.config_blocks.append(("mlm_args", self.file, self.start_line, self.args))
+
+
+class BridgeYamlBlock(Block):
+    """Bridge's ``Final configuration:`` followed by the ConfigContainer YAML (pre-validation)."""
+
+    max_lines = 5000
+
+    def start(self, first):
+        self.lines = []
+        self.key = None
+
+    def line(self, text, line):
+        _, msg = split_prefix(text)
+        if self.key is None:
+            if not msg.strip():
+                return self.n < 3
+            self.key = prefix_key(text)
+        if _YAML_LINE.match(msg) or (msg.startswith("  ") and self.lines):
+            self.lines.append(msg)
+            return True
+        return False
+
+    def finish(self):
+        import yaml
+
+        if not self.lines:
+            return
+        try:
+            doc = yaml.safe_load("\n".join(self.lines))
+        except yaml.YAMLError:
+            return
+        if isinstance(doc, dict):
+            self.s.config_blocks.append(("bridge_yaml", self.file, self.start_line, doc))
+
+
+class BridgeSummaryBlock(Block):
+    """Bridge's post-validation ``Configuration Summary (Non-Default Values vs Megatron Core)``."""
+
+    max_lines = 3000
+
+    def start(self, first):
+        self.doc: dict = {}
+        self.section = None
+        self.rules = 0
+
+    def line(self, text, line):
+        _, msg = split_prefix(text)
+        st = msg.strip()
+        if st.startswith("=" * 10):
+            self.rules += 1
+            return self.rules < 2
+        if not st or st.startswith("-" * 10) or st.startswith("Other Configuration Values"):
+            return True
+        m = _SUMMARY_SECTION.match(st)
+        if m:
+            self.section = m.group(1)
+            self.doc.setdefault(self.section, {})
+            return True
+        m = _SUMMARY_FIELD.match(msg)
+        if m and self.section:
+            self.doc[self.section][m.group(1)] = literal(m.group(2))
+            return True
+        return False
+
+    def finish(self):
+        if self.doc:
+            self.s.config_blocks.append(("bridge_summary", self.file, self.start_line, self.doc))
+
+
+BLOCKS = {
+    "@timers": TimerBlock,
+    "@traceback": TracebackBlock,
+    "@torchrun": TorchrunBlock,
+    "@mlm_args": ArgsBlock,
+    "@bridge_yaml": BridgeYamlBlock,
+    "@bridge_summary": BridgeSummaryBlock,
+}
+
+
+def on_line(s: Structure, key: str, text: str, file: str, line: int):
+    """Single-line structure: iteration, memory, exception, step time lines."""
+    if key == "@iteration":
+        p = parse_iteration(text, file, line)
+        if p:
+            s.add_iteration(p, text)
+    elif key == "@memory":
+        m = parse_memory(text)
+        if m and len(s.memory) < 4 * MAX_RECORDS:
+            rank, _ = split_prefix(text)
+            m.update(file=file, line=line, rank=rank)
+            s.memory.append(m)
+    elif key == "@exception":
+        rank, msg = split_prefix(text)
+        m = _EXC_LINE.match(msg.strip())
+        if m and not m.group(1).endswith("Warning") and len(s.exceptions) < MAX_RECORDS:
+            s.exceptions.append((file, line, rank, m.group(1), (m.group(2) or "").strip(), text))
+    elif key == "@step_time":
+        m = _STEP_TIME.search(text)
+        if m and len(s.step_times) < MAX_SERIES:
+            s.step_times.append(float(m.group(1)) * 1000.0)
+    elif key == "@theoretical":
+        m = re.search(r"weight and optimizer=([\d.]+) MB", text)
+        if m:
+            s.theoretical_mb = float(m.group(1))

@@ -1,0 +1,53 @@
+"""Config edits as data: apply one Edit to a value, render a ``key=value`` override."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..model import Edit
+
+_SPECIAL = set(" ,[]{}()='\"\\:$*?")
+
+
+def apply_edit(current: Any, edit: Edit) -> tuple[bool, Any]:
+    """(changed?, new value). ``delete`` returns (True, None) and the caller removes the key."""
+    if edit.op == "set":
+        new = edit.value
+    elif edit.op == "delete":
+        return current is not None, None
+    elif edit.op in ("scale", "add"):
+        if not isinstance(current, (int, float)) or isinstance(current, bool):
+            return False, current
+        new = current * edit.value if edit.op == "scale" else current + edit.value
+        if edit.max is not None:
+            new = min(new, edit.max)
+        if edit.min is not None:
+            new = max(new, edit.min)
+        if isinstance(current, int) and float(new).is_integer() and edit.op == "scale":
+            new = int(new)
+        if isinstance(new, float):
+            new = round(new, 6)
+    else:  # pragma: no cover - the loader refuses other ops
+        raise ValueError(edit.op)
+    return new != current, new
+
+
+def format_value(v: Any) -> str:
+    """A value in Hydra's override grammar (what Bridge's run_recipe.py parses)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(format_value(x) for x in v) + "]"
+    s = str(v)
+    if not s or any(c in _SPECIAL for c in s) or s.lower() in ("null", "true", "false"):
+        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return s
+
+
+def override(key: str, value: Any, op: Optional[str] = None) -> str:
+    if op == "delete":
+        return f"~{key}"
+    return f"{key}={format_value(value)}"

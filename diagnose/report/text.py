@@ -1,0 +1,95 @@
+"""The human report (rich): the root cause first, then the other findings grouped by signature."""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..model import Report
+from .base import Formatter
+
+_SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _ranks(f) -> str:
+    known = sorted(r for r in f.ranks if r is not None)
+    if not known:
+        return "-"
+    if len(known) <= 6:
+        return ", ".join(f"{r}:{f.ranks[r]}" for r in known)
+    return f"{len(known)} ranks ({known[0]}..{known[-1]})"
+
+
+def render_root(console: Console, r: Report):
+    rc = r.root_cause
+    if rc is None:
+        msg = "No failure found: the log looks healthy."
+        if r.structure is not None and not r.structure.iterations and not r.findings:
+            msg = "No failure found (no iteration lines either: the log may be incomplete)."
+        console.print(Panel(Text(msg, style="bold green"), title="diagnose", expand=False))
+        return
+    s = rc.finding.signature
+    where = f"{rc.hit.file}:{rc.hit.line}"
+    rank = "?" if rc.hit.rank is None else str(rc.hit.rank)
+    body = Table.grid(padding=(0, 1))
+    body.add_column(style="bold", no_wrap=True)
+    body.add_column()
+    body.add_row("Signature", f"{s.id} {escape(s.slug)}  [dim]({s.category}, {s.severity}, {rc.confidence})[/]")
+    body.add_row("Where", f"{escape(where)}  rank {rank}" + (f" [dim](from {rc.rank_source})[/]" if rc.rank_source and rc.rank_source != 'log line' else ""))
+    body.add_row("Evidence", Text(rc.hit.text[:600], style="italic"))
+    body.add_row("Cause", escape(s.cause))
+    if rc.because:
+        body.add_row("Config", escape("; ".join(rc.because)))
+    if s.confirm_text:
+        body.add_row("Confirm", escape(s.confirm_text))
+    for i, fx in enumerate(s.fixes[:3]):
+        body.add_row("Fix" if i == 0 else "", f"{escape(fx.text)} [dim]({fx.safety})[/]")
+    if rc.overrides:
+        body.add_row("Overrides", Text(" ".join(rc.overrides), style="bold cyan"))
+    if rc.set_aside:
+        parts = []
+        for f in rc.set_aside:
+            nr = len([k for k in f.ranks if k is not None])
+            parts.append(f"{f.signature.title} ({f.count}x" + (f" on {nr} ranks" if nr else "") + ")")
+        body.add_row("Set aside", escape("; ".join(parts)))
+    console.print(Panel(body, title=f"[{_SEV_STYLE.get(s.severity, 'bold')}]Root cause: {escape(s.title)}[/]",
+                        expand=True))
+
+
+def render_findings(console: Console, r: Report):
+    others = [f for f in r.findings if r.root_cause is None or f is not r.root_cause.finding]
+    if not others:
+        return
+    t = Table(title="Other findings", show_lines=False, expand=True)
+    t.add_column("Signature", no_wrap=True)
+    t.add_column("Sev")
+    t.add_column("Role")
+    t.add_column("Title")
+    t.add_column("Count", justify="right")
+    t.add_column("Ranks (rank:count)")
+    t.add_column("First at")
+    for f in others:
+        s = f.signature
+        t.add_row(s.id, Text(s.severity, style=_SEV_STYLE.get(s.severity, "")), s.role, escape(s.title),
+                  str(f.count), _ranks(f), escape(f"{f.first.file}:{f.first.line}"))
+    console.print(t)
+
+
+class TextFormatter(Formatter):
+    name = "text"
+    machine = False
+
+    def render(self, report: Report) -> str:
+        buf = io.StringIO()
+        width = self.options.get("width") or 110
+        console = Console(file=buf, width=width, force_terminal=self.options.get("color", False),
+                          color_system="auto" if self.options.get("color") else None, highlight=False)
+        render_root(console, report)
+        render_findings(console, report)
+        for n in report.notes:
+            console.print(f"[yellow]note:[/] {escape(n)}")
+        return buf.getvalue()

@@ -1,0 +1,151 @@
+"""The scan: read -> lines -> structure + match -> findings.
+
+``Scanner`` is compiled once from the database; ``scan_paths`` streams every input through it.
+Per chunk, the engine finds the lines that hold an anchor (a C-speed sweep over the whole
+buffer); only those lines are decoded, split from their launcher prefix and checked against
+their signatures' regexes; structure anchors start the block readers of logs/structure.py.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+from .analyze.findings import Findings
+from .db import Database
+from .logs import lines as L
+from .logs import read as R
+from .logs import structure as S
+from .match.engine import Engine, make_engine, verify
+from .model import Hit
+
+_SIZE = re.compile(r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b", re.I)
+_UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+
+
+def size_bytes(text: str) -> Optional[float]:
+    m = _SIZE.search(text or "")
+    if not m:
+        return None
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def enrich_captures(caps: dict) -> dict:
+    out = dict(caps)
+    for k, v in caps.items():
+        if k.endswith("_size"):
+            b = size_bytes(v)
+            if b is not None:
+                out[k + "_bytes"] = b
+        elif isinstance(v, str) and re.fullmatch(r"-?\d+", v):
+            out[k] = int(v)
+    return out
+
+
+@dataclass
+class ScanResult:
+    findings: Findings
+    structure: S.Structure
+    notes: list
+    sources: list = field(default_factory=list)
+    bytes_read: int = 0
+    lines_read: int = 0
+    seconds: float = 0.0
+    engine: str = ""
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.sources)
+
+
+class Scanner:
+    def __init__(self, db: Database, engine: Optional[str] = None, versions: Optional[dict] = None):
+        from .db import applies_to
+
+        self.db = db
+        self.sigs = {s.id: s for s in db.line_signatures() if applies_to(s, versions or {})}
+        anchors = {sid: s.anchors for sid, s in self.sigs.items()}
+        anchors.update(S.ANCHORS)
+        self.engine: Engine = make_engine(anchors, engine)
+
+    # one scanner state per input file
+    def scan_paths(self, paths: Iterable[str], progress: Optional[Callable[[int], None]] = None,
+                   result: Optional[ScanResult] = None) -> ScanResult:
+        t0 = time.perf_counter()
+        res = result or ScanResult(Findings(), S.Structure(), [], engine=self.engine.name)
+        for idx, src in enumerate(R.iter_sources(paths, res.notes)):
+            got = False
+            for chunk in R.read_chunks(src, res.notes):
+                got = True
+                self.scan_chunk(chunk, src.name, idx, res)
+                res.bytes_read += len(chunk.data)
+                if progress:
+                    progress(len(chunk.data))
+            res.sources.append(src.name) if got or src.path is not None else None
+            self._close_blocks(res)
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def scan_chunk(self, chunk: R.Chunk, name: str, file_idx: int, res: ScanResult):
+        data = chunk.data
+        blocks = getattr(res, "_blocks", None)
+        if blocks is None:
+            blocks = res._blocks = []  # type: ignore[attr-defined]
+        # blocks still open from the previous chunk read on from this chunk's first line
+        open_blocks = [b for b in blocks if self._feed(b, data, 0, chunk.first_line)]
+        line_no, pos = chunk.first_line, 0
+        count = data.count
+        for start, end, keys in self.engine.scan(data):
+            line_no += count(b"\n", pos, start)
+            pos = start
+            text = L.clean(data[start:end])
+            rank, msg, t = None, None, None
+            for key in sorted(keys):
+                if key[0] == "@":
+                    block = S.BLOCKS.get(key)
+                    if block is None:
+                        S.on_line(res.structure, key, text, name, line_no)
+                    else:
+                        b = block(res.structure, name, line_no, text)
+                        if self._feed(b, data, end + 1, line_no + 1):
+                            open_blocks.append(b)
+                    continue
+                sig = self.sigs.get(key)
+                if sig is None:
+                    continue
+                if msg is None:
+                    rank, msg = L.split_prefix(text)
+                    t = L.timestamp(text)
+                try:
+                    caps = verify(sig, msg)
+                except TimeoutError:
+                    caps = None
+                if caps is None:
+                    continue
+                res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
+                                          order=file_idx * 10**12 + line_no))
+        res._blocks = open_blocks  # type: ignore[attr-defined]
+        res.lines_read += count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+    @staticmethod
+    def _feed(block, data: bytes, pos: int, line_no: int) -> bool:
+        """Feed ``block`` the lines of ``data`` from ``pos``; True if it wants more (chunk ended)."""
+        n = len(data)
+        find = data.find
+        while pos < n:
+            end = find(b"\n", pos)
+            if end < 0:
+                end = n
+            if not block.feed(data[pos:end], line_no):
+                return False
+            pos = end + 1
+            line_no += 1
+        return True
+
+    @staticmethod
+    def _close_blocks(res: ScanResult):
+        for b in getattr(res, "_blocks", []) or []:
+            b.finish()
+        res._blocks = []  # type: ignore[attr-defined]
