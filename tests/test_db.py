@@ -1,0 +1,86 @@
+"""The loader refuses bad databases with a message naming the file and the id."""
+import textwrap
+
+import pytest
+
+from diagnose import db as DB
+
+GOOD = """
+  - id: MB-TST-001
+    slug: test-sig
+    title: A test signature
+    category: other
+    severity: error
+    role: root
+    match:
+      anchors: ["boom happened"]
+      regex: 'boom happened (?P<n>\\d+)'
+    cause: test
+    tests:
+      match: ["boom happened 3"]
+      no_match: ["nothing"]
+"""
+
+
+def _write(tmp_path, body, name="fam.yaml", version=1):
+    d = tmp_path / "sigs"
+    d.mkdir(exist_ok=True)
+    (d / name).write_text(f"schema_version: {version}\nsignatures:\n" + textwrap.dedent(body))
+    DB.load.cache_clear()
+    return str(d)
+
+
+def test_good_file_loads(tmp_path):
+    d = DB.load(_write(tmp_path, GOOD))
+    assert d.get("MB-TST-001").slug == "test-sig"
+    assert d.get("test-sig").id == "MB-TST-001"
+
+
+def test_no_examples_is_refused(tmp_path):
+    body = GOOD.replace('      match: ["boom happened 3"]\n', "")
+    with pytest.raises(DB.DatabaseError, match=r"fam.yaml: MB-TST-001: has no examples"):
+        DB.load(_write(tmp_path, body))
+
+
+def test_duplicate_id_is_refused(tmp_path):
+    body = GOOD + GOOD.replace("slug: test-sig", "slug: other-sig")
+    with pytest.raises(DB.DatabaseError, match=r"MB-TST-001: duplicate id"):
+        DB.load(_write(tmp_path, body))
+
+
+def test_bad_regex_is_refused(tmp_path):
+    body = GOOD.replace("(?P<n>\\d+)", "(?P<n>\\d+")
+    with pytest.raises(DB.DatabaseError, match=r"fam.yaml: MB-TST-001: regex does not compile"):
+        DB.load(_write(tmp_path, body))
+
+
+def test_nested_unbounded_quantifier_is_refused(tmp_path):
+    body = GOOD.replace("(?P<n>\\d+)", "(a+)+")
+    with pytest.raises(DB.DatabaseError, match=r"nested unbounded quantifier"):
+        DB.load(_write(tmp_path, body))
+
+
+def test_unknown_category_and_field(tmp_path):
+    with pytest.raises(DB.DatabaseError, match=r"category 'bogus'"):
+        DB.load(_write(tmp_path, GOOD.replace("category: other", "category: bogus")))
+    with pytest.raises(DB.DatabaseError, match=r"unknown field"):
+        DB.load(_write(tmp_path, GOOD.replace("cause: test", "cause: test\n    colour: red")))
+
+
+def test_schema_version_is_checked(tmp_path):
+    with pytest.raises(DB.DatabaseError, match=r"schema_version 2 is not supported"):
+        DB.load(_write(tmp_path, GOOD, version=2))
+
+
+def test_unsafe_predicate_is_refused(tmp_path):
+    body = GOOD.replace("cause: test", "cause: test\n    confirm: {text: x, when: \"__import__('os').system('id')\"}")
+    with pytest.raises(DB.DatabaseError, match=r"only .* may be called|not allowed"):
+        DB.load(_write(tmp_path, body))
+
+
+def test_version_applicability():
+    d = DB.load()
+    s6, s7 = d.get("MB-OFF-006"), d.get("MB-OFF-007")
+    assert DB.applies_to(s6, {"megatron-core": "0.16.1"}) and not DB.applies_to(s7, {"megatron-core": "0.16.1"})
+    assert DB.applies_to(s7, {"megatron-core": "0.19.2"}) and not DB.applies_to(s6, {"megatron-core": "0.19.2"})
+    assert DB.applies_to(s6, {})
