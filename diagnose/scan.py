@@ -20,6 +20,19 @@ from .logs import structure as S
 from .match.engine import Engine, make_engine, verify
 from .model import Hit
 
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d{1,6})(?!\d)", re.I)
+
+
+def rank_from_name(name: str) -> Optional[int]:
+    """One file per rank is common (rank3.log, stdout_rank_12.txt, rank-7/out.log): its rank."""
+    path = name.replace("\\", "/")
+    for part in (path.rsplit("/", 1)[-1], path):
+        found = _RANK_IN_NAME.findall(part)
+        if found:
+            return int(found[-1])
+    return None
+
+
 _SIZE = re.compile(r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b", re.I)
 _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
@@ -97,6 +110,11 @@ class Scanner:
         open_blocks = [b for b in blocks if self._feed(b, data, 0, chunk.first_line)]
         line_no, pos = chunk.first_line, 0
         count = data.count
+        file_rank = res._file_ranks.get(name, -1) if hasattr(res, "_file_ranks") else -1
+        if file_rank == -1:
+            if not hasattr(res, "_file_ranks"):
+                res._file_ranks = {}  # type: ignore[attr-defined]
+            file_rank = res._file_ranks[name] = rank_from_name(name)
         for start, end, keys in self.engine.scan(data):
             line_no += count(b"\n", pos, start)
             pos = start
@@ -117,6 +135,8 @@ class Scanner:
                     continue
                 if msg is None:
                     rank, msg = L.split_prefix(text)
+                    if rank is None:
+                        rank = file_rank
                     t = L.timestamp(text)
                 try:
                     caps = verify(sig, msg)

@@ -17,9 +17,9 @@ _PREFIXES = [
     # NeMo-Run / torchx:                "i.pretrain/0 [default2]:"
     (re.compile(r"^[\w.\-]+/\d+ (?=\[default\d+\]:)"), None),
     # torchrun --tee / --log-dir:       "[default0]:"
-    (re.compile(r"^\[default(\d+)\]:"), "local"),
+    (re.compile(r"^\[default(\d+)\]: ?"), "local"),
     # torch >= 2.3 per-rank prefix:     "[rank3]:"
-    (re.compile(r"^\[rank(\d+)\]:"), "rank"),
+    (re.compile(r"^\[rank(\d+)\]: ?"), "rank"),
     # Ray workers:                      "(RayWorker pid=1234) "
     (re.compile(r"^\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) "), None),
 ]

@@ -310,8 +310,12 @@ class TorchrunBlock(Block):
         self.rules = 0
 
     def _close(self):
-        if self.cur is not None and len(self.s.torchrun) < MAX_RECORDS:
-            self.s.torchrun.append(self.cur)
+        c = self.cur
+        if c is not None and len(self.s.torchrun) < MAX_RECORDS and not any(
+            (t.section, t.rank, t.exitcode, t.time, t.file) == (c.section, c.rank, c.exitcode, c.time, c.file)
+            for t in self.s.torchrun
+        ):
+            self.s.torchrun.append(c)
         self.cur = None
 
     def line(self, text, line):

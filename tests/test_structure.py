@@ -1,0 +1,207 @@
+"""The log's structure: rank prefixes, iteration / memory / timer lines, tracebacks, torchrun, configs."""
+import gzip
+
+import pytest
+
+from diagnose.diagnosis import diagnose_paths, diagnose_text
+from diagnose.logs import lines as L
+from diagnose.logs.structure import parse_iteration, parse_memory
+
+
+@pytest.mark.parametrize("line,rank,rest", [
+    ("[rank3]: ValueError: x", 3, "ValueError: x"),
+    ("[default0]:[rank0]: RuntimeError: y", 0, "RuntimeError: y"),
+    (" 2: [rank2]:   File \"a.py\"", 2, "  File \"a.py\""),
+    ("15: [rank15]: AssertionError: z", 15, "AssertionError: z"),
+    ("i.pretrain/0 [default2]:hello", 2, "hello"),
+    ("(RayWorker pid=1234) boom", None, "boom"),
+    ("[rank1]:[E810 03:04:11.061727749 ProcessGroupNCCL.cpp:683] [Rank 1] Watchdog", 1,
+     "[E810 03:04:11.061727749 ProcessGroupNCCL.cpp:683] [Rank 1] Watchdog"),
+    ("[Rank 0] (after 10 iterations) memory (GB) | a: 1", 0, "[Rank 0] (after 10 iterations) memory (GB) | a: 1"),
+    ("plain line", None, "plain line"),
+])
+def test_rank_prefixes(line, rank, rest):
+    assert L.split_prefix(line) == (rank, rest)
+
+
+def test_clean_ansi_cr_nul_invalid_utf8():
+    assert L.clean(b"\x1b[31mred\x1b[0m text\r\n") == "red text"
+    assert L.clean(b"50%\r100% done\n") == "100% done"
+    assert L.clean(b"a\x00b\xff\n") == "ab\ufffd"
+
+
+def test_timestamps():
+    assert L.timestamp(" [2026-08-22 15:22:22] iteration") == L.timestamp("[2026-08-22 15:22:22.000000]")
+    assert L.timestamp("E1130 10:58:34.718000 19047 torch/x.py") is not None
+    assert L.timestamp("no time here") is None
+
+
+MLM_ITER = (" [2026-08-22 15:22:22.123456] iteration       10/     100 | consumed samples:        10240 | "
+            "elapsed time per iteration (ms): 996.3 | learning rate: 3.000000E-05 | global batch size:  1024 | "
+            "lm loss: 1.023456E+01 | loss scale: 1.0 | grad norm: 12.346 | number of skipped iterations:   0 | "
+            "number of nan iterations:   0 |")
+BRIDGE_ITER = MLM_ITER.replace(".123456]", "]").replace("lm loss", "lm loss: 9.9E+00 | load_balancing_loss")
+
+
+def test_iteration_lines_both_formats():
+    for text in (MLM_ITER, BRIDGE_ITER):
+        p = parse_iteration(text, "f", 1)
+        assert (p.iteration, p.train_iters, p.elapsed_ms) == (10, 100, 996.3)
+        assert p.fields["grad norm"] == "12.346" and p.time is not None
+    assert parse_iteration(MLM_ITER, "f", 1).fields["lm loss"] == "1.023456E+01"
+
+
+def test_memory_lines_mib_and_gb():
+    mlm = parse_memory("[Rank 0] (after 10 iterations) memory (MB) | allocated: 45025.71 | max allocated: 57338.10 | reserved: 62944.00 | max reserved: 62944.00")
+    assert mlm["values"]["allocated"] == pytest.approx(45025.71 * 2**20 / 1e9)
+    br = parse_memory("[Rank 0] (after 10 iterations) memory (GB) | mem-allocated-gigabytes: 47.213 | mem-max-allocated-gigabytes: 60.123 | mem-alloc-retires: 2 | mem-allocated-count: 12345")
+    assert br["values"]["allocated"] == 47.213 and br["values"]["max_allocated"] == 60.123
+    assert br["values"]["alloc_retries"] == 2
+
+
+def test_timer_block_and_optimizer_share():
+    text = ("(min, max) time across ranks (ms):\n"
+            "    forward-backward ...............................: (950.12, 951.03)\n"
+            "    optimizer ......................................: (40.10, 41.00)\n"
+            "next line\n")
+    rep = diagnose_text(text)
+    assert rep.structure.timers["optimizer"] == (40.10, 41.00)
+    assert rep.metrics["optimizer_share"] == pytest.approx(41.0 / (41.0 + 951.03))
+
+
+TORCHRUN = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_10:58:18
+  host      : node7
+  rank      : 5 (local_rank: 1)
+  exitcode  : -15 (pid: 18993)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 18993
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_10:58:17
+  host      : node7
+  rank      : 4 (local_rank: 0)
+  exitcode  : 1 (pid: 18992)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_torchrun_block():
+    rep = diagnose_text(TORCHRUN)
+    tr = rep.structure.torchrun
+    assert [(t.section, t.rank, t.local_rank, t.exitcode) for t in tr] == [("failure", 5, 1, -15), ("root", 4, 0, 1)]
+
+
+def test_torchrun_root_names_the_rank_of_an_unprefixed_error():
+    text = "ValueError: Currently there is no support for Pipeline parallelism with CPU offloading\n" + TORCHRUN
+    rep = diagnose_text(text)
+    assert rep.root_cause.finding.signature.id == "MB-OFF-002"
+    assert rep.root_cause.hit.rank == 4 and "torchrun" in rep.root_cause.rank_source
+
+
+def test_interleaved_tracebacks_are_followed_per_rank():
+    text = "\n".join([
+        "[rank1]: Traceback (most recent call last):",
+        "[rank0]: Traceback (most recent call last):",
+        '[rank1]:   File "train.py", line 3, in <module>',
+        '[rank0]:   File "train.py", line 3, in <module>',
+        "[rank1]:     main()",
+        "[rank1]: KeyError: 'tokens'",
+        '[rank0]:     main()',
+        "[rank0]: KeyError: 'tokens'",
+    ]) + "\n"
+    rep = diagnose_text(text)
+    tbs = rep.structure.tracebacks
+    assert sorted((t.rank, t.exc_type, t.line) for t in tbs) == [(0, "KeyError", 8), (1, "KeyError", 6)]
+    assert rep.root_cause.finding.signature.id == "MB-GEN-001"
+    assert rep.root_cause.hit.line == 6 and rep.root_cause.hit.rank == 1
+
+
+def test_mlm_arguments_block_is_the_config():
+    text = "\n".join([
+        "------------------------ arguments ------------------------",
+        "  cpu_offloading .................................. True",
+        "  num_layers ...................................... 48",
+        "  optimizer_offload_fraction ...................... 1.0",
+        "  pipeline_model_parallel_size .................... 2",
+        "  use_distributed_optimizer ....................... True",
+        "-------------------- end of arguments ---------------------",
+        "[rank0]: ValueError: Currently there is no support for Pipeline parallelism with CPU offloading",
+    ]) + "\n"
+    rep = diagnose_text(text)
+    cfg = rep.config
+    assert cfg.get("model.pipeline_model_parallel_size") == 2 and cfg.get("ddp.use_distributed_optimizer") is True
+    assert rep.root_cause.confidence == "confirmed"
+    assert "model.pipeline_model_parallel_size = 2" in rep.root_cause.because
+
+
+def test_bridge_yaml_dump_and_summary_are_the_config():
+    text = "\n".join([
+        "INFO:recipe_runner:Final configuration:",
+        "_target_: megatron.bridge.training.config.ConfigContainer",
+        "model:",
+        "  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider",
+        "  cpu_offloading: true",
+        "  num_layers: 48",
+        "  pipeline_dtype:",
+        "    _call_: false",
+        "    _target_: torch.bfloat16",
+        "  pipeline_model_parallel_size: 1",
+        "  recompute_granularity: full",
+        "optimizer:",
+        "  _target_: megatron.bridge.training.config.OptimizerConfig",
+        "  optimizer_cpu_offload: false",
+        "[rank0]: ValueError: CPU offloading does not work when activation recomputation is enabled",
+    ]) + "\n"
+    rep = diagnose_text(text)
+    assert rep.config.get("model.pipeline_dtype") == "torch.bfloat16"
+    assert rep.root_cause.finding.signature.id == "MB-OFF-003"
+    assert rep.root_cause.confidence == "confirmed"
+    summary = "\n".join([
+        "======================================================================",
+        "Configuration Summary (Non-Default Values vs Megatron Core)",
+        "======================================================================",
+        "",
+        "[optimizer] Non-default values (vs Mcore OptimizerConfig):",
+        "  optimizer_cpu_offload: True  (Mcore default: False)",
+        "  optimizer_offload_fraction: 0.5  (Mcore default: 0.0)",
+        "",
+        "[train]:",
+        "  global_batch_size: 1024",
+        "======================================================================",
+    ]) + "\n"
+    rep = diagnose_text(summary)
+    assert rep.config.get("optimizer.optimizer_offload_fraction") == 0.5
+    assert rep.config.get("train.global_batch_size") == 1024
+
+
+def test_gzip_folder_and_rank_per_file(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    (d / "rank0.log").write_text("fine\n")
+    with gzip.open(d / "rank3.log.gz", "wt") as fh:
+        fh.write("ValueError: CPU offloading can be done only for layers less than 4\n")
+    rep = diagnose_paths([str(d)])
+    assert len(rep.inputs) == 2
+    assert rep.root_cause.finding.signature.id == "MB-OFF-001"
+    assert rep.root_cause.hit.rank == 3 and rep.root_cause.hit.captures["num_layers"] == 4
+
+
+def test_lines_are_counted_across_chunks(tmp_path, monkeypatch):
+    from diagnose.logs import read
+
+    p = tmp_path / "big.log"
+    body = "".join(f"line {i}\n" for i in range(5000))
+    p.write_text(body + "ValueError: Currently there is no support for Pipeline parallelism with CPU offloading\n")
+    monkeypatch.setattr(read, "CHUNK", 4096)
+    rep = diagnose_paths([str(p)])
+    assert rep.root_cause.hit.line == 5001
+    assert rep.lines_read == 5001
