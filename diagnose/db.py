@@ -23,6 +23,7 @@ from . import predicate
 from .model import CATEGORIES, ROLES, SAFETY, SCOPES, SEVERITIES, Edit, Fix, Signature
 
 SCHEMA_VERSION = 1
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
 
 _SIG_FIELDS = {
     "id", "slug", "title", "category", "severity", "role", "scope", "match", "cause", "confirm",
@@ -108,7 +109,7 @@ def load(path: Optional[str] = None) -> Database:
 
 def _load_file(path: Path) -> Iterable[Signature]:
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise DatabaseError(f"{path.name}: invalid YAML: {exc}") from None
     if not isinstance(doc, dict) or "signatures" not in doc:

@@ -4,8 +4,10 @@ Only lines that matter (anchor hits, structure blocks) go through here, never ev
 """
 from __future__ import annotations
 
+import calendar
 import datetime as _dt
 import re
+from functools import lru_cache
 from typing import Optional
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -102,13 +104,21 @@ def timestamp(line: str, year: Optional[int] = None) -> Optional[float]:
             continue
         try:
             if kind == "iso":
-                frac = m.group(3) or "0"
-                t = _dt.datetime.strptime(f"{m.group(1)} {m.group(2)}", "%Y-%m-%d %H:%M:%S")
-                return t.replace(tzinfo=_dt.timezone.utc).timestamp() + float("0." + frac)
-            mo, d, hh, mm, ss, frac = m.groups()
-            y = year or _dt.datetime.now(_dt.timezone.utc).year
-            t = _dt.datetime(y, int(mo), int(d), int(hh), int(mm), int(ss), tzinfo=_dt.timezone.utc)
-            return t.timestamp() + float("0." + (frac or "0"))
-        except ValueError:
+                date, clock, frac = m.groups()
+                y, mo, d = date.split("-")
+                hh, mm, ss = clock.split(":")
+            else:
+                mo, d, hh, mm, ss, frac = m.groups()
+                y = year or _this_year()
+            if not (1 <= int(mo) <= 12 and 1 <= int(d) <= 31 and int(hh) < 24 and int(mm) < 60 and int(ss) < 62):
+                continue
+            secs = calendar.timegm((int(y), int(mo), int(d), int(hh), int(mm), int(ss), 0, 0, 0))
+            return secs + (float("0." + frac) if frac else 0.0)
+        except (ValueError, OverflowError):
             continue
     return None
+
+
+@lru_cache(maxsize=1)
+def _this_year() -> int:
+    return _dt.datetime.now(_dt.timezone.utc).year
