@@ -33,6 +33,7 @@ def rank_from_name(name: str) -> Optional[int]:
     return None
 
 
+_SOURCE_RAISE = re.compile(r"^\s+raise\s+[\w.]+\(")
 _SIZE = re.compile(r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b", re.I)
 _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
@@ -120,6 +121,7 @@ class Scanner:
             pos = start
             text = L.clean(data[start:end])
             rank, msg, t = None, None, None
+            source_raise = False
             for key in sorted(keys):
                 if key[0] == "@":
                     block = S.BLOCKS.get(key)
@@ -138,6 +140,11 @@ class Scanner:
                     if rank is None:
                         rank = file_rank
                     t = L.timestamp(text)
+                    # a traceback's source line ``raise ValueError("...")`` is not the failure: the
+                    # exception line right below it carries the rendered message (and is the evidence)
+                    source_raise = _SOURCE_RAISE.match(msg) is not None
+                if source_raise:
+                    continue
                 try:
                     caps = verify(sig, msg)
                 except TimeoutError:
