@@ -31,7 +31,9 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 MAX_CONFIG_BYTES = 32 << 20
 
 
-def load_config(path: str) -> RunConfig:
+def load_config(path: str, strict: bool = False) -> RunConfig:
+    """Read ``path``. With ``strict`` (``diagnose check``), unknown sections or keys and values of
+    the wrong type are refused with a ConfigError naming the key's path (config/schema.py)."""
     p = Path(path)
     try:
         if p.stat().st_size > MAX_CONFIG_BYTES:
@@ -60,7 +62,20 @@ def load_config(path: str) -> RunConfig:
         raise ConfigError(f"{path}: empty config")
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, optimizer:, ...), got {type(doc).__name__}")
-    return normalize(RunConfig(strip_targets(doc), path))
+    data = strip_targets(doc)
+    if strict:
+        check_keys(data, path)
+    return normalize(RunConfig(data, path))
+
+
+def check_keys(data: dict, source: str, skip: tuple = ()) -> None:
+    """ConfigError for the first unknown key / wrong type (and how many more there are)."""
+    from .schema import validate
+
+    problems = validate(data, skip)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
+        raise ConfigError(f"{source}: {problems[0]}{more}")
 
 
 def _from_log_text(text: str, path: str) -> RunConfig:

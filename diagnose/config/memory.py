@@ -1,0 +1,438 @@
+"""Memory model: bytes per GPU for the most-loaded pipeline stage, and the verdict against a GPU.
+
+Everything is derived, nothing is fitted (megatron-facts.md §6):
+
+Parameters (per layer, by component)
+  attention  q, k, v, o = h·n·d + 2·h·g·d + n·d·h (GQA; d = kv_channels); MLA: the q/kv LoRA
+             down- and up-projections. Tensor-parallel (÷TP), except MLA's down-projections.
+  dense MLP  h·ffn·(3 if SwiGLU else 2), ÷TP.
+  MoE        experts E·h·ffn_moe·(3|2) ÷(EP·ETP); shared experts ÷TP; router h·E replicated.
+  norms      2·h per layer (+ q/k norms), replicated.
+  embedding  V·h on the first stage, output layer V·h on the last (PP=1: only if untied), ÷TP,
+             V padded to a multiple of make_vocab_size_divisible_by·TP.
+
+Bytes per parameter (bf16 params, fp32 grads, fp32 master + Adam m, v)
+  GPU   6 + (4 + 8·(1−f))/shard   (18 without the distributed optimizer, f = 0: 6 + 12/1)
+        f = optimizer_offload_fraction when optimizer_cpu_offload is on (clamped to [0, 1]):
+        the HybridDeviceOptimizer keeps the FP32 master shard on the GPU and moves Adam m, v of
+        the offloaded fraction to the host. shard = DP·CP for dense parameters and
+        DP·TP·CP/(EP·ETP) = world/(PP·EP·ETP) for experts (Bridge's _bytes_per_parameter).
+  host  16·f per sharded parameter (pinned FP32 clone 4 + m, v 8 + pinned grad 4), × GPUs/node.
+
+Activations (Korthikanti et al. 2022, flash attention so no s² term; bf16)
+  per layer and microbatch, tokens T = s·b/CP:
+    with SP   T·(18·h + mlp)/TP       without SP   T·(10·h + (8·h + mlp)/TP)
+    mlp = (6 if SwiGLU else 4)·ffn for a dense layer (fc1 output is 2·ffn wide with SwiGLU);
+          k·((6|4)·ffn_moe + 4·h) + 4·E for a MoE layer (k routed copies, dispatch/combine
+          buffers, fp32 router probabilities) + the shared expert's term.
+  full recompute keeps only each chunk's input (2·T·h, ÷TP with SP) plus one chunk being
+  recomputed; activation offload of N layers keeps L−N layers plus one in transit;
+  microbatches in flight on the first stage: min(m, PP), × (1 + (PP−1)/(PP·v)) interleaved;
+  the last stage holds the logits and the loss in fp32: 4·T·(h + V)/TP.
+
+Steady state (``per_gpu_gb``, Bridge's ``mem-allocated-gigabytes`` after an iteration) is
+weights + grads + GPU optimizer states; ``peak_gb`` adds the activations. ``fits`` is
+``peak_gb + margin <= capacity_gb``, the margin being 2 GB (CUDA context, cuBLAS/TE workspaces,
+NCCL communicator buffers) plus 5% of the capacity (the caching allocator's fragmentation).
+GB = 1e9 bytes, as Bridge logs it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from .runconfig import RunConfig
+
+GB = 1e9
+GIB = 1 << 30
+MARGIN_FIXED_GB = 2.0  # CUDA context + cuBLAS/TE workspaces + NCCL communicator buffers
+MARGIN_FRACTION = 0.05  # caching-allocator fragmentation (reserved but unallocated)
+HOST_BYTES_PER_OFFLOADED_PARAM = 16  # pinned FP32 clone 4 + Adam m, v 8 + pinned grad 4
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+class MemoryModelError(ValueError):
+    """The estimate cannot be made (a shape key is missing, the world size does not fit the layout)."""
+
+
+@dataclass
+class MemoryEstimate:
+    per_gpu_gb: float  # steady-state allocated (what Bridge logs as mem-allocated-gigabytes), GB = 1e9
+    peak_gb: float  # peak allocated
+    capacity_gb: float  # the GPU's usable capacity
+    fits: bool  # peak_gb + margin <= capacity_gb
+    host_gb: float  # pinned host memory for offloaded optimizer states, per node
+    breakdown: dict  # name -> GB (weights, grads, optimizer_gpu, activations, margin, ...)
+    world_size: int
+    notes: list = field(default_factory=list)  # assumptions stated in words
+    stage: str = ""  # which pipeline stage is the most loaded
+    gpu: str = ""
+    margin_gb: float = 0.0
+
+    def as_dict(self) -> dict:
+        r = lambda x: round(x, 3)  # noqa: E731
+        return {
+            "per_gpu_gb": r(self.per_gpu_gb), "peak_gb": r(self.peak_gb), "capacity_gb": r(self.capacity_gb),
+            "margin_gb": r(self.margin_gb), "fits": self.fits, "host_gb": r(self.host_gb),
+            "breakdown": {k: r(v) for k, v in self.breakdown.items()}, "world_size": self.world_size,
+            "stage": self.stage, "gpu": self.gpu, "notes": list(self.notes),
+        }
+
+    def metrics(self) -> dict:
+        """The names predicates read as ``metrics.*`` (MB-OFF-054, MB-OFF-055)."""
+        return {"per_gpu_gb": self.per_gpu_gb, "peak_gb": self.peak_gb, "capacity_gb": self.capacity_gb,
+                "margin_gb": self.margin_gb, "host_gb": self.host_gb, "world_size": self.world_size}
+
+
+# --- data ----------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def gpus() -> dict:
+    raw = yaml.safe_load((DATA / "gpus.yaml").read_text(encoding="utf-8"))["gpus"]
+    out = {}
+    for name, g in raw.items():
+        out[name] = g
+        for a in g.get("aliases", []) or []:
+            out.setdefault(a, g)
+    return out
+
+
+def gpu_capacity_gb(name: str) -> float:
+    g = gpus().get(str(name).strip().lower())
+    if g is None:
+        raise MemoryModelError(f"unknown GPU {name!r} (known: {', '.join(sorted(gpus()))}; or give --gpu-memory GB)")
+    return g["total_gib"] * GIB / GB
+
+
+@lru_cache(maxsize=1)
+def presets() -> dict:
+    return yaml.safe_load((DATA / "models.yaml").read_text(encoding="utf-8"))["models"]
+
+
+def find_preset(name: str) -> Optional[dict]:
+    key = str(name).strip().lower()
+    ps = presets()
+    if key in ps:
+        return ps[key]
+    for p in ps.values():
+        if str(p.get("hf", "")).lower() == key or str(p.get("hf", "")).lower().split("/")[-1] == key:
+            return p
+    return None
+
+
+def fill_from_preset(cfg: RunConfig, name: Optional[str] = None) -> tuple[RunConfig, Optional[str]]:
+    """Shape keys the config leaves out (or null), from a preset (``name``, else model.hf_model_id)."""
+    name = name or cfg.get("model.hf_model_id")
+    p = find_preset(name) if name else None
+    if p is None:
+        return cfg, None
+    out = cfg.copy()
+    for k, v in p["model"].items():
+        if out.get(f"model.{k}") is None:
+            out.set(f"model.{k}", v)
+    return out, name
+
+
+# --- helpers -------------------------------------------------------------------------------------
+def _int(cfg: RunConfig, key: str, default=None):
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise MemoryModelError(f"{key} = {v!r} is not a number")
+    return int(v)
+
+
+def _need(cfg: RunConfig, key: str) -> int:
+    v = _int(cfg, key)
+    if v is None or v <= 0:
+        raise MemoryModelError(f"the memory model needs {key} (a positive integer); give it in the config "
+                               f"or name a model preset")
+    return v
+
+
+@dataclass
+class _Layout:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int
+    sp: bool
+    world: int
+    dp: int
+    edp: int
+
+
+def smallest_world(tp, pp, cp, ep, etp) -> int:
+    return math.lcm(tp * pp * cp, etp * ep * pp)
+
+
+def _layout(cfg: RunConfig, world_size: Optional[int], notes: list) -> _Layout:
+    tp = _int(cfg, "model.tensor_model_parallel_size", 1) or 1
+    pp = _int(cfg, "model.pipeline_model_parallel_size", 1) or 1
+    cp = _int(cfg, "model.context_parallel_size", 1) or 1
+    ep = _int(cfg, "model.expert_model_parallel_size", 1) or 1
+    etp = _int(cfg, "model.expert_tensor_parallel_size", None)
+    if etp is None:
+        etp = tp  # MCore: expert_tensor_parallel_size defaults to tensor_model_parallel_size
+    vpp = _int(cfg, "model.virtual_pipeline_model_parallel_size", 1) or 1
+    if min(tp, pp, cp, ep, etp, vpp) < 1:
+        raise MemoryModelError("parallel sizes must be >= 1")
+    sp = bool(cfg.get("model.sequence_parallel")) and tp > 1
+    smallest = smallest_world(tp, pp, cp, ep, etp)
+    if world_size is None:
+        world = smallest
+        notes.append(f"world size {world}: the smallest the layout allows (TP·PP·CP = {tp * pp * cp}, "
+                     f"ETP·EP·PP = {etp * ep * pp}); give --world-size for the real job")
+    else:
+        world = int(world_size)
+        if world < 1 or world % (tp * pp * cp) or world % (etp * ep * pp):
+            raise MemoryModelError(f"world size {world} is not divisible by TP·PP·CP = {tp * pp * cp} "
+                                   f"and ETP·EP·PP = {etp * ep * pp}")
+    return _Layout(tp, pp, cp, ep, etp, vpp, sp, world, world // (tp * pp * cp), world // (etp * ep * pp))
+
+
+def _moe_pattern(cfg: RunConfig, L: int, E: int) -> list:
+    if not E:
+        return [0] * L
+    freq = cfg.get("model.moe_layer_freq", 1)
+    if isinstance(freq, (list, tuple)):
+        pat = [1 if x else 0 for x in freq]
+        if len(pat) != L:
+            raise MemoryModelError(f"model.moe_layer_freq has {len(pat)} entries for {L} layers")
+        return pat
+    if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
+        freq = 1
+    return [1 if i % freq == 0 else 0 for i in range(L)]
+
+
+def _stage_layers(L: int, pp: int, vpp: int, stage: int, first: Optional[int], last: Optional[int]) -> list:
+    """Layer indices held by pipeline ``stage`` (interleaved chunks with VPP; uneven first/last)."""
+    if pp == 1:
+        return list(range(L))
+    if first or last:
+        first = first or 0
+        last = last or 0
+        middle = L - first - last
+        mids = pp - (1 if first else 0) - (1 if last else 0)
+        per = middle // mids if mids else 0
+        bounds = []
+        start = 0
+        for p in range(pp):
+            n = first if (p == 0 and first) else last if (p == pp - 1 and last) else per
+            bounds.append((start, start + n))
+            start += n
+        a, b = bounds[stage]
+        return list(range(a, b))
+    chunk = L // (pp * vpp) if L >= pp * vpp else 0
+    if chunk == 0:
+        per = L // pp
+        return list(range(stage * per, (stage + 1) * per))
+    out = []
+    for v in range(vpp):
+        start = (v * pp + stage) * chunk
+        out.extend(range(start, start + chunk))
+    return out
+
+
+# --- the estimate --------------------------------------------------------------------------------
+def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = None,
+             gpu_memory_gb: float | None = None, gpus_per_node: int = 8) -> MemoryEstimate:
+    notes: list = []
+    lay = _layout(cfg, world_size, notes)
+    L = _need(cfg, "model.num_layers")
+    h = _need(cfg, "model.hidden_size")
+    n = _need(cfg, "model.num_attention_heads")
+    g = _int(cfg, "model.num_query_groups") or n
+    d = _int(cfg, "model.kv_channels") or h // n
+    E = _int(cfg, "model.num_moe_experts", 0) or 0
+    pattern = _moe_pattern(cfg, L, E)
+    ffn = _int(cfg, "model.ffn_hidden_size") or (4 * h if 0 in pattern else 0)
+    if 0 in pattern and not ffn:
+        raise MemoryModelError("the memory model needs model.ffn_hidden_size")
+    ffn_moe = (_int(cfg, "model.moe_ffn_hidden_size") or ffn) if E else 0
+    k = (_int(cfg, "model.moe_router_topk", 2) or 2) if E else 0
+    shared = _int(cfg, "model.moe_shared_expert_intermediate_size", 0) or 0
+    V = _need(cfg, "model.vocab_size")
+    s = _int(cfg, "model.seq_length") or _int(cfg, "dataset.sequence_length") or _int(cfg, "dataset.seq_length")
+    if not s:
+        raise MemoryModelError("the memory model needs model.seq_length (or dataset.sequence_length)")
+    b = _int(cfg, "train.micro_batch_size", 1) or 1
+    gbs = _int(cfg, "train.global_batch_size")
+    gated = cfg.get("model.gated_linear_unit")
+    gated = True if gated is None else bool(gated)
+    tied = bool(cfg.get("model.share_embeddings_and_output_weights", False))
+    mlp_mats = 3 if gated else 2
+    div = (_int(cfg, "model.make_vocab_size_divisible_by", 128) or 128) * lay.tp
+    Vp = int(math.ceil(V / div) * div)
+
+    # parameters per layer: (tensor-parallel sharded, replicated, expert-sharded) on one GPU
+    mla = bool(cfg.get("model.multi_latent_attention"))
+    if mla:
+        ql = _int(cfg, "model.q_lora_rank")
+        kvl = _need(cfg, "model.kv_lora_rank")
+        qk = _int(cfg, "model.qk_head_dim", 128) or 128
+        rope = _int(cfg, "model.qk_pos_emb_head_dim", 64) or 64
+        vd = _int(cfg, "model.v_head_dim", 128) or 128
+        q_up = (ql * n * (qk + rope)) if ql else h * n * (qk + rope)
+        attn_tp = q_up + kvl * n * (qk + vd) + n * vd * h
+        attn_rep = (h * ql + ql if ql else 0) + h * (kvl + rope) + kvl
+        notes.append("multi-latent attention: the q/kv down-projections are counted as replicated")
+    else:
+        attn_tp = h * n * d + 2 * h * g * d + n * d * h
+        if cfg.get("model.add_qkv_bias"):
+            attn_tp += (n + 2 * g) * d
+        attn_rep = 2 * d if cfg.get("model.qk_layernorm") else 0
+    norms = 2 * h
+    dense_mlp = h * ffn * mlp_mats
+    experts = E * h * ffn_moe * mlp_mats
+    shared_mlp = h * shared * mlp_mats
+
+    param_bytes = 2 if (cfg.get("model.bf16") is not False or cfg.get("model.fp16")) else 4
+    if cfg.get("model.bf16") is False and not cfg.get("model.fp16"):
+        notes.append("fp32 parameters: no separate FP32 master copy")
+    distopt = bool(cfg.get("optimizer.use_distributed_optimizer") or cfg.get("ddp.use_distributed_optimizer"))
+    offload = bool(cfg.get("optimizer.optimizer_cpu_offload"))
+    frac_raw = cfg.get("optimizer.optimizer_offload_fraction", 0.0)
+    frac = float(frac_raw) if isinstance(frac_raw, (int, float)) and not isinstance(frac_raw, bool) else 0.0
+    f = min(max(frac, 0.0), 1.0) if offload else 0.0
+    shard_dense = lay.dp * lay.cp if distopt else 1
+    shard_exp = lay.edp if distopt else 1
+    master = 4 if param_bytes == 2 else 0
+    grad_bytes = 4
+    opt_gpu = lambda shard: (master + 8 * (1 - f)) / shard  # noqa: E731
+    if not distopt:
+        notes.append("no distributed optimizer: every GPU holds the full optimizer state (18 B/param)")
+    if cfg.get("optimizer.use_precision_aware_optimizer"):
+        notes.append("precision-aware optimizer: Adam states counted in fp32 (the default dtypes)")
+
+    # activations per layer and microbatch (bytes)
+    T = s * b / lay.cp
+    act_mult = 6 if gated else 4
+
+    def layer_act(is_moe: bool) -> float:
+        mlp = (k * (act_mult * ffn_moe + 4 * h) + 4 * E + act_mult * shared) if is_moe else act_mult * ffn
+        if lay.sp:
+            return T * (18 * h + mlp) / lay.tp
+        return T * (10 * h + (8 * h + mlp) / lay.tp)
+
+    ckpt_input = 2 * T * h / (lay.tp if lay.sp else 1)
+    gran = cfg.get("model.recompute_granularity")
+    method = cfg.get("model.recompute_method")
+    r_layers = _int(cfg, "model.recompute_num_layers", 1) or 1
+    act_offload = bool(cfg.get("model.cpu_offloading")) and cfg.get("model.cpu_offloading_activations", True) is not False
+    n_off = max(0, _int(cfg, "model.cpu_offloading_num_layers", 0) or 0) if act_offload else 0
+    sel_modules = cfg.get("model.recompute_modules") or ["core_attn"]
+    if gran == "selective":
+        notes.append(f"selective recompute of {', '.join(map(str, sel_modules))}: core attention is not stored "
+                     "in any case (flash attention)")
+    if cfg.get("model.fine_grained_activation_offloading"):
+        notes.append("fine-grained activation offloading is not modelled (activations counted on the GPU)")
+    if cfg.get("model.cpu_offloading") and cfg.get("model.cpu_offloading_weights"):
+        notes.append("weight offloading: no effect on the estimate (parameters stay on the GPU for the optimizer)")
+
+    m = (gbs // (b * lay.dp)) if gbs and gbs >= b * lay.dp else None
+    stages = [0] if lay.pp == 1 else [0, lay.pp - 1]
+    best = None
+    for st in stages:
+        layers = _stage_layers(L, lay.pp, lay.vpp, st, _int(cfg, "model.num_layers_in_first_pipeline_stage"),
+                               _int(cfg, "model.num_layers_in_last_pipeline_stage"))
+        n_moe = sum(pattern[i] for i in layers if i < L)
+        n_dense = len(layers) - n_moe
+        p_tp = len(layers) * attn_tp + n_dense * dense_mlp + n_moe * shared_mlp
+        p_rep = len(layers) * (norms + attn_rep) + n_moe * h * E
+        p_exp = n_moe * experts
+        first, last = st == 0, st == lay.pp - 1
+        if first:
+            p_tp += Vp * h
+        if last:
+            p_rep += h  # final norm
+            if not (tied and lay.pp == 1):
+                p_tp += Vp * h
+            mtp = _int(cfg, "model.mtp_num_layers", 0) or 0
+            if mtp:
+                p_tp += mtp * (attn_tp + (shared_mlp if E else dense_mlp) + 2 * h * h)
+                p_rep += mtp * (norms + attn_rep + 2 * h + (h * E if E else 0))
+                p_exp += mtp * (experts if E else 0)
+        dense_local = p_tp / lay.tp + p_rep
+        exp_local = p_exp / (lay.ep * lay.etp)
+        weights = param_bytes * (dense_local + exp_local)
+        grads = grad_bytes * (dense_local + exp_local)
+        optim = dense_local * opt_gpu(shard_dense) + exp_local * opt_gpu(shard_exp)
+        host_per_gpu = HOST_BYTES_PER_OFFLOADED_PARAM * f * (dense_local / shard_dense + exp_local / shard_exp)
+        steady = weights + grads + optim
+
+        # activations
+        per_layer = [layer_act(bool(pattern[i])) for i in layers if i < L]
+        nl = len(per_layer)
+        working = 0.0
+        if gran == "full":
+            r = max(1, min(r_layers, nl)) if nl else 1
+            if method == "block":
+                stored = r * ckpt_input + sum(per_layer[r:])
+                working = max(per_layer[:r], default=0.0)
+            else:  # uniform: chunks of r layers, only each chunk's input is kept
+                stored = math.ceil(nl / r) * ckpt_input
+                working = sum(sorted(per_layer, reverse=True)[:r])
+        else:
+            stored = sum(per_layer)
+            if gran == "selective" and any(x in ("mlp", "moe") for x in sel_modules):
+                stored -= sum(per_layer) * 0.5  # the MLP half is recomputed
+            if n_off:
+                kept = per_layer[n_off:] if n_off < nl else []
+                stored = sum(kept) + (per_layer[0] if nl else 0.0)  # + one layer in transit
+                if cfg.get("model.cpu_offloading_double_buffering"):
+                    stored += per_layer[0] if nl else 0.0
+        if lay.pp == 1:
+            in_flight = 1.0
+        else:
+            in_flight = float(min(m, lay.pp - st) if m else lay.pp - st)
+            if lay.vpp > 1:
+                in_flight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+        acts = stored * in_flight + working
+        if first:
+            acts += in_flight * (8 * T + 2 * T * h / (lay.tp if lay.sp else 1))  # input ids + embedding output
+        if last:
+            acts += 4 * T * (h + Vp) / lay.tp  # fp32 logits and loss
+        peak = steady + acts
+        name = "only stage (PP=1)" if lay.pp == 1 else ("first stage" if first else "last stage")
+        cand = (peak, steady, weights, grads, optim, acts, host_per_gpu, name, in_flight)
+        if best is None or peak > best[0]:
+            best = cand
+    peak, steady, weights, grads, optim, acts, host_per_gpu, stage, in_flight = best
+
+    if gpu_memory_gb is not None:
+        capacity = float(gpu_memory_gb)
+        gpu_name = f"{capacity:g} GB"
+    else:
+        gpu_name = (gpu or "h100").lower()
+        capacity = gpu_capacity_gb(gpu_name)
+        if gpu is None:
+            notes.append("GPU: H100 80GB assumed (give --gpu or --gpu-memory)")
+    margin = MARGIN_FIXED_GB + MARGIN_FRACTION * capacity
+    per_node = min(gpus_per_node, lay.world)
+    host_gb = host_per_gpu * per_node / GB
+    breakdown = {
+        "weights": weights / GB, "grads": grads / GB, "optimizer_gpu": optim / GB, "activations": acts / GB,
+        "margin": margin,
+    }
+    if f:
+        breakdown["optimizer_host_per_gpu"] = host_per_gpu / GB
+    if lay.pp > 1:
+        notes.append(f"most-loaded stage: {stage}; {in_flight:g} microbatch(es) in flight")
+    if m is None and lay.pp > 1:
+        notes.append("global batch size unknown: as many microbatches in flight as pipeline stages")
+    if E:
+        notes.append("MoE: tokens assumed balanced across experts (no dispatcher workspace, no imbalance)")
+    peak_gb = peak / GB
+    return MemoryEstimate(
+        per_gpu_gb=steady / GB, peak_gb=peak_gb, capacity_gb=capacity, fits=peak_gb + margin <= capacity,
+        host_gb=host_gb, breakdown=breakdown, world_size=lay.world, notes=notes, stage=stage, gpu=gpu_name,
+        margin_gb=margin,
+    )
