@@ -1,0 +1,129 @@
+"""What the CI formats (sarif, junit, github, gitlab, markdown) share: finding order, levels, the
+gate status of each finding, messages, and links to the MCore / Bridge source a signature cites."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..model import Finding, Report, Signature
+
+GITHUB = "https://github.com"
+
+
+def reference_urls(sig: Signature) -> list[str]:
+    """``{repo, path}`` references -> https://github.com/<repo>/blob/main/<path> (plus any ``url``)."""
+    out = []
+    for r in sig.references:
+        if not isinstance(r, dict):
+            continue
+        if r.get("url"):
+            out.append(str(r["url"]))
+        elif r.get("repo") and r.get("path"):
+            ref = r.get("ref") or "main"
+            out.append(f"{GITHUB}/{r['repo']}/blob/{ref}/{str(r['path']).lstrip('/')}")
+        elif r.get("repo"):
+            out.append(f"{GITHUB}/{r['repo']}")
+    return out
+
+
+def ordered(report: Report) -> list[Finding]:
+    """The root cause's finding first, then by severity (error first), then in log order."""
+    rc = report.root_cause.finding if report.root_cause else None
+    sev = {"error": 0, "warning": 1, "info": 2}
+    return sorted(report.findings, key=lambda f: (f is not rc, f.signature.role == "advice",
+                                                  sev.get(f.signature.severity, 3), f.first.order))
+
+
+def is_root(report: Report, f: Finding) -> bool:
+    return report.root_cause is not None and report.root_cause.finding is f
+
+
+def level(f: Finding) -> str:
+    """error | warning | note (SARIF's words; advice is always a note)."""
+    if f.signature.role == "advice":
+        return "note"
+    return {"error": "error", "warning": "warning"}.get(f.signature.severity, "note")
+
+
+def gate_of(report: Report, fail_on: str, baseline=None):
+    from ..baseline import gate
+
+    return gate(report.findings, fail_on, baseline)
+
+
+def status(f: Finding, g) -> str:
+    """'fail' (fails the gate) | 'baseline' (known, accepted) | 'pass' (below the threshold)."""
+    if any(x is f for x in g.failing):
+        return "fail"
+    if any(x is f for x in g.known):
+        return "baseline"
+    return "pass"
+
+
+def ranks_text(f: Finding) -> str:
+    known = sorted(r for r in f.ranks if r is not None)
+    if not known:
+        return ""
+    if len(known) <= 8:
+        return "rank" + ("s " if len(known) > 1 else " ") + ", ".join(str(r) for r in known)
+    return f"{len(known)} ranks ({known[0]}..{known[-1]})"
+
+
+def summary_line(f: Finding) -> str:
+    """'<title>: <count>x on ranks ...' in one line."""
+    parts = [f"{f.count}x" if f.count != 1 else "once"]
+    rt = ranks_text(f)
+    if rt:
+        parts.append(f"on {rt}")
+    return f"{f.signature.title} ({' '.join(parts)})"
+
+
+def fix_text(f: Finding, report: Report) -> Optional[str]:
+    s = f.signature
+    if not s.fixes:
+        return None
+    text = s.fixes[0].text.strip()
+    if is_root(report, f) and report.root_cause.overrides:
+        text += "  Overrides: " + " ".join(report.root_cause.overrides)
+    return text
+
+
+def message(f: Finding, report: Report) -> str:
+    """The plain-text message of a finding: what, where, evidence, cause, fix."""
+    s = f.signature
+    head = ("Root cause: " if is_root(report, f) else "") + summary_line(f)
+    lines = [head, f"Evidence ({f.first.file}:{f.first.line}): {f.first.text.strip()[:400]}"]
+    if s.cause:
+        lines.append(f"Cause: {' '.join(s.cause.split())}")
+    fx = fix_text(f, report)
+    if fx:
+        lines.append(f"Fix: {' '.join(fx.split())}")
+    if is_root(report, f) and report.root_cause.set_aside:
+        aside = "; ".join(f"{x.signature.title} ({x.count}x)" for x in report.root_cause.set_aside)
+        lines.append(f"Set aside as consequences: {aside}")
+    return "\n".join(lines)
+
+
+def help_text(s: Signature) -> str:
+    parts = [" ".join(s.cause.split())]
+    if s.confirm_text:
+        parts.append("How to confirm: " + " ".join(s.confirm_text.split()))
+    for fx in s.fixes:
+        parts.append(f"Fix ({fx.safety}): " + " ".join(fx.text.split()))
+    urls = reference_urls(s)
+    if urls:
+        parts.append("Source: " + " ".join(urls))
+    return "\n\n".join(parts)
+
+
+def help_markdown(s: Signature) -> str:
+    parts = [f"**{s.title}** (`{s.id}` {s.slug}, {s.category}, {s.severity})", "", " ".join(s.cause.split())]
+    if s.confirm_text:
+        parts += ["", "**How to confirm:** " + " ".join(s.confirm_text.split())]
+    if s.fixes:
+        parts += ["", "**Fixes:**"]
+        for fx in s.fixes:
+            parts.append(f"- ({fx.safety}) " + " ".join(fx.text.split()))
+    urls = reference_urls(s)
+    if urls:
+        parts += ["", "**Source:** " + ", ".join(f"[{u.split('/blob/main/')[-1]}]({u})" for u in urls)]
+    return "\n".join(parts)
