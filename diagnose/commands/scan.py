@@ -35,9 +35,44 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--baseline-ms", type=float, help="Baseline iteration time (ms) for slowdown symptoms.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 @click.option("--signatures", "sig_path", type=click.Path(file_okay=False), hidden=True)
+@click.option("--fix", "fix_path", type=str, metavar="CFG",
+              help="Plan a fix for the root cause (or, with no log, for the config's preflight) and rewrite CFG.")
+@click.option("--dry-run", is_flag=True, help="With --fix: print the diff, write nothing.")
+@click.option("--overrides", "overrides_mode", is_flag=True,
+              help="With --fix: print the fix as key=value overrides for run_recipe.py instead of editing "
+                   "(with --relaunch: pass them on the command line).")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes that change the parallel layout or batch semantics.")
+@click.option("--relaunch", is_flag=True, help="With --fix: relaunch the job, follow it, fix and repeat.")
+@click.option("--launcher", "launcher_kind", type=click.Choice(["local", "slurm"]),
+              help="How to relaunch (default: [tool.diagnose] launcher in pyproject.toml / diagnose.toml).")
+@click.option("--launch-cmd", help="The job's command line (local: run without a shell; slurm: script + args, or --wrap).")
+@click.option("--max-attempts", type=click.IntRange(min=1), help="Relaunches at most (default 3).")
+@click.option("--history", "history_path", type=str, help="JSON-lines history of attempts (default diagnose-history.jsonl).")
+@click.option("--world-size", type=click.IntRange(min=1), help="GPUs of the job, for computed fixes.")
+@click.option("--gpu", help="GPU name for the memory model (H100, H200, A100-80, B200 ...).")
+@click.option("--gpu-memory", type=float, help="GPU memory in GB (1e9 bytes), instead of --gpu.")
+@click.option("--follow", is_flag=True, help="Follow LOG as it grows; diagnose lines as they arrive; stop at a fatal root cause.")
 def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline, engine, mcore_version, baseline_ms,
-         quiet, sig_path):
+         quiet, sig_path, fix_path, dry_run, overrides_mode, unsafe_fixes, relaunch, launcher_kind, launch_cmd,
+         max_attempts, history_path, world_size, gpu, gpu_memory, follow):
     """Scan training logs and name the one root cause."""
+    if fix_path or follow:
+        from .fix import run_fix, run_follow
+
+        db = load_db(sig_path)
+        eng = None if engine == "auto" else engine
+        if follow:
+            if len(paths) != 1:
+                raise click.UsageError("--follow takes exactly one log file")
+            formatter = get_formatter(fmt or "text", fail_on=fail_on, color=sys.stdout.isatty(), db=db)
+            return run_follow(paths[0], db, load_cfg(config_path), formatter, fail_on, exit_code, quiet)
+        return run_fix(paths=paths, fix_path=fix_path, dry_run=dry_run, overrides_mode=overrides_mode,
+                       unsafe=unsafe_fixes, relaunch=relaunch, launcher_kind=launcher_kind, launch_cmd=launch_cmd,
+                       max_attempts=max_attempts, history_path=history_path, world_size=world_size, gpu=gpu,
+                       gpu_memory=gpu_memory, db=db, versions=versions_option(mcore_version), engine=eng, fmt=fmt,
+                       quiet=quiet)
+    if relaunch or dry_run or overrides_mode or unsafe_fixes:
+        raise click.UsageError("--relaunch, --dry-run, --overrides and --unsafe-fixes need --fix CFG")
     if not paths:
         raise click.UsageError("no log given: diagnose PATH... (a file, a folder, a .gz, or - for stdin)")
     db = load_db(sig_path)

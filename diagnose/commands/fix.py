@@ -1,0 +1,192 @@
+"""``diagnose [LOG...] --fix CFG [--relaunch]`` and ``diagnose --follow LOG``: wiring only.
+
+Options of the default scan command (diagnose/commands/scan.py) hand over to ``run_fix`` /
+``run_follow`` here. The logic lives in remedy/ (plan, edit) and launch/ (launchers, follow,
+loop); this module reads the options and the project settings, prints, and picks the exit code.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from .. import exitcodes
+from .. import settings as ST
+from ..config.load import ConfigError, load_config
+from ..diagnosis import diagnose_paths
+from ..launch import loop as LP
+from ..launch.base import LaunchError, make_launcher
+from ..launch.follow import POLL_S, Follower
+from ..remedy import causes as C
+from ..remedy import edit as E
+from ..remedy import plan as PL
+
+STATUS_CODE = {"ok": exitcodes.OK, "applied": exitcodes.OK, "nothing": exitcodes.OK,
+               "unsafe": exitcodes.UNSAFE_REFUSED, "no_fix": exitcodes.NO_FIX}
+
+
+def _err(msg: str, quiet: bool = False):
+    if not quiet:
+        click.echo(msg, err=True)
+
+
+def _settings() -> ST.Settings:
+    try:
+        return ST.find()
+    except ST.SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _load(path: str):
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _snapshot(path: str) -> E.Snapshot:
+    try:
+        return E.snapshot(path)
+    except E.EditError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _planner(db, world_size, gpu, gpu_memory, allow_unsafe):
+    def planner(report, cfg):
+        ctx = C.context_from_report(report, world_size, gpu, gpu_memory)
+        return PL.plan(C.from_report(report), report.config or cfg, ctx, allow_unsafe)
+    return planner
+
+
+def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launcher_kind, launch_cmd,
+            max_attempts, history_path, world_size, gpu, gpu_memory, db, versions, engine, fmt, quiet) -> int:
+    st = _settings()
+    cfg = _load(fix_path)
+    snap = _snapshot(fix_path)
+    launch_cmd = launch_cmd or st.get("launch-cmd")
+    world_size = world_size or st.get("world-size") or C.world_from_command(launch_cmd)
+    gpu = gpu or st.get("gpu")
+    gpu_memory = gpu_memory or st.get("gpu-memory")
+    report = None
+    if paths:
+        report = diagnose_paths(paths, db, cfg, engine, versions)
+        if not report.inputs:
+            for n in report.notes:
+                _err(f"diagnose: {n}")
+            _err("diagnose: nothing could be read")
+            return exitcodes.USAGE
+        ctx = C.context_from_report(report, world_size, gpu, gpu_memory)
+        rc = report.root_cause
+        if rc is None:
+            _err("diagnose: the log is healthy: nothing to fix", quiet)
+        else:
+            _err(f"diagnose: root cause {rc.finding.signature.id} {rc.finding.signature.title} "
+                 f"({rc.hit.file}:{rc.hit.line}, {rc.confidence})", quiet)
+        plan = PL.plan(C.from_report(report), report.config or cfg, ctx, unsafe)
+    else:
+        ctx = PL.Context(world_size=world_size, gpu=gpu, gpu_memory_gb=gpu_memory)
+        plan = C.plan_preflight(db, cfg, ctx, unsafe, versions)
+        if not plan.causes:
+            _err(f"diagnose: preflight of {fix_path}: no problem found", quiet)
+    if ctx.world_size:
+        _err(f"diagnose: world size {ctx.world_size}", quiet)
+    text = PL.describe(plan)
+    if text:
+        _err(text, quiet)
+
+    if relaunch:
+        return _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind, launch_cmd,
+                         max_attempts, history_path, st, world_size, gpu, gpu_memory, quiet)
+
+    code = STATUS_CODE[plan.status]
+    if overrides_mode:
+        if plan.overrides:
+            click.echo(" ".join(shlex.quote(o) for o in plan.overrides))
+        elif plan.status == "applied":
+            _err(f"diagnose: {fix_path} already has the fix; no override needed", quiet)
+        return code
+    try:
+        new = E.render(snap, [(e.key, E.DELETE if e.new == PL.DELETE else e.new) for e in plan.edits])
+    except E.EditError as exc:
+        raise click.ClickException(str(exc)) from None
+    diff = E.unified_diff(snap.text, new, fix_path)
+    result = None
+    if not dry_run and diff:
+        try:
+            result = E.write(snap, new)
+        except E.EditError as exc:
+            raise click.ClickException(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps({"root_cause": LP.root_json(report), "plan": PL.to_json(plan), "diff": diff,
+                               "written": bool(result), "backup": str(result.backup) if result else None}, indent=2))
+    elif diff:
+        click.echo(diff, nl=False)
+    if plan.status == "applied" or (plan.status == "ok" and not diff):
+        _err(f"diagnose: {fix_path} already has the fix; nothing changed", quiet)
+    elif result is not None:
+        _err(f"diagnose: rewrote {fix_path} (backup: {result.backup})", quiet)
+    elif dry_run and diff:
+        _err("diagnose: --dry-run: nothing written", quiet)
+    if plan.status == "unsafe":
+        _err("diagnose: the fix changes the parallel layout or batch semantics (unsafe); rerun with --unsafe-fixes",
+             quiet)
+    return code
+
+
+def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind, launch_cmd, max_attempts,
+              history_path, st, world_size, gpu, gpu_memory, quiet) -> int:
+    kind = launcher_kind or st.get("launcher")
+    if not kind or not launch_cmd:
+        raise click.ClickException(ST.HOWTO)
+    base = st.folder or Path.cwd()
+    history = Path(history_path or st.get("history") or "diagnose-history.jsonl")
+    if not history_path and st.get("history") and not history.is_absolute():
+        history = base / history
+    log_dir = Path(st.get("log-dir") or "diagnose-runs")
+    if st.get("log-dir") and not log_dir.is_absolute():
+        log_dir = base / log_dir
+    try:
+        launcher = make_launcher(kind, launch_cmd, sbatch_args=st.get("sbatch-args") or [])
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    max_attempts = max_attempts or int(st.get("max-attempts") or 3)
+    loop = LP.RelaunchLoop(db, launcher, None if overrides_mode else Path(fix_path), LP.History(history), log_dir,
+                           max_attempts=max_attempts, use_overrides=overrides_mode, allow_unsafe=unsafe,
+                           planner=_planner(db, world_size, gpu, gpu_memory, unsafe),
+                           echo=(lambda s: None) if quiet else (lambda s: click.echo(s, err=True)),
+                           load_config=lambda: _load(fix_path))
+    try:
+        res = loop.run(LP.Step(plan, report))
+    except E.EditError as exc:
+        raise click.ClickException(str(exc)) from None
+    _err(f"diagnose: {res.message} (history: {history})", quiet)
+    return res.code
+
+
+def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s: float = POLL_S) -> int:
+    """Diagnose ``path`` as it grows; stop at the first fatal root cause or on Ctrl-C."""
+    fol = Follower(path, db, cfg)
+    if not Path(path).exists():
+        _err(f"diagnose: waiting for {path} to appear", quiet)
+    try:
+        while True:
+            for f in fol.poll():
+                h = f.first
+                click.echo(f"{time.strftime('%H:%M:%S')} {f.id} [{f.signature.severity}/{f.signature.role}] "
+                           f"{f.signature.title} ({h.file}:{h.line}" + (f", rank {h.rank}" if h.rank is not None else "")
+                           + f") x{f.count}")
+                sys.stdout.flush()
+            if fol.fatal() is not None:
+                _err("diagnose: fatal root cause seen; stopped following", quiet)
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        _err("diagnose: stopped following (Ctrl-C)", quiet)
+    report = fol.report()
+    click.echo(formatter.render(report), nl=False)
+    return exit_code(report, fail_on)

@@ -1,0 +1,141 @@
+"""Follow a growing log and diagnose its lines as they arrive.
+
+``Follower(path).poll()`` reads what was appended since the last call, hands the new *whole*
+lines to the same ``Scanner.scan_chunk`` the batch scan uses (a half-written last line waits
+for its newline; blocks such as tracebacks stay open across polls), and returns the findings
+that are new. ``fatal()`` names the first finding that is a root cause of severity error: the
+moment a launcher can end the job instead of waiting for the NCCL watchdog on every other
+rank. ``report()`` closes the scan and runs the usual root-cause analysis on everything read.
+
+A file that shrinks (truncated or replaced by a new run) is read again from the start.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from ..analyze.findings import Findings
+from ..db import Database, load
+from ..diagnosis import analyze, scanner_for
+from ..logs import structure as S
+from ..logs.read import Chunk
+from ..model import Finding, Report
+from ..scan import ScanResult
+
+POLL_S = 0.05  # how often the file is checked for new bytes
+READ_MAX = 8 << 20  # bytes read per poll at most (a burst is scanned over several polls)
+
+
+def is_fatal(f: Finding) -> bool:
+    s = f.signature
+    return s.role == "root" and s.severity == "error" and s.scope in ("line", "refine")
+
+
+class Follower:
+    def __init__(self, path: str | os.PathLike, db: Optional[Database] = None, config=None,
+                 versions: Optional[dict] = None, name: Optional[str] = None):
+        self.path = Path(path)
+        self.name = name or str(path)
+        self.db = db or load()
+        self.config = config
+        self.scanner = scanner_for(self.db, None, versions)
+        self.offset = 0
+        self.line = 1
+        self.carry = b""
+        self._seen: dict[str, int] = {}
+        self._ino = None
+        self.closed = False
+        self.res = self._fresh()
+        self.first_fatal_at: Optional[float] = None  # monotonic time the fatal line was read
+
+    def _fresh(self) -> ScanResult:
+        return ScanResult(Findings(), S.Structure(), [], engine=self.scanner.engine.name)
+
+    def _restart(self):
+        self.offset, self.line, self.carry = 0, 1, b""
+        self._seen.clear()
+        self.res = self._fresh()
+
+    def _read_new(self) -> bytes:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return b""
+        if self._ino is not None and (st.st_ino != self._ino or st.st_size < self.offset + len(self.carry)):
+            self._restart()  # replaced or truncated
+        self._ino = st.st_ino
+        start = self.offset + len(self.carry)
+        if st.st_size <= start:
+            return b""
+        with open(self.path, "rb") as fh:
+            fh.seek(start)
+            return fh.read(min(st.st_size - start, READ_MAX))
+
+    def poll(self) -> list[Finding]:
+        """Scan the lines appended since the last poll; the findings that are new or grew."""
+        new = self._read_new()
+        if not new:
+            return []
+        data = self.carry + new
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            self.carry = data
+            return []
+        whole, self.carry = data[:cut], data[cut:]
+        self._scan(whole)
+        return self._changed()
+
+    def _scan(self, whole: bytes):
+        self.scanner.scan_chunk(Chunk(whole, self.line, self.offset), self.name, 0, self.res)
+        self.res.bytes_read += len(whole)
+        self.offset += len(whole)
+        self.line += whole.count(b"\n")
+
+    def _changed(self) -> list[Finding]:
+        out = []
+        for f in self.res.findings.all():
+            if self._seen.get(f.id, 0) != f.count:
+                self._seen[f.id] = f.count
+                out.append(f)
+                if self.first_fatal_at is None and is_fatal(f):
+                    self.first_fatal_at = time.monotonic()
+        return out
+
+    def fatal(self) -> Optional[Finding]:
+        """The earliest root-cause finding of severity error seen so far, or None."""
+        cands = [f for f in self.res.findings.all() if is_fatal(f)]
+        return min(cands, key=lambda f: f.first.order) if cands else None
+
+    def report(self) -> Report:
+        """Close the scan (the last line without a newline counts) and analyze everything read."""
+        if not self.closed:
+            self.poll()
+            if self.carry:
+                tail, self.carry = self.carry, b""
+                self._scan(tail)
+            self.scanner._close_blocks(self.res)
+            self.res.sources.append(self.name)
+            self.res.lines_read = self.line - 1
+            self.closed = True
+        return analyze(self.db, self.res, self.config)
+
+
+def follow(path, db=None, config=None, until: Optional[Callable[[], bool]] = None,
+           stop_on_fatal: bool = True, poll_s: float = POLL_S) -> Iterator[tuple[Follower, list[Finding]]]:
+    """Yield ``(follower, new findings)`` as the file grows, until a fatal root cause appears
+    (``stop_on_fatal``) or ``until()`` says so. The caller stops it by leaving the loop."""
+    fol = Follower(path, db, config)
+    while True:
+        found = fol.poll()
+        if found:
+            yield fol, found
+            if stop_on_fatal and fol.fatal() is not None:
+                return
+        if until is not None and until():
+            found = fol.poll()
+            if found:
+                yield fol, found
+            return
+        time.sleep(poll_s)

@@ -1,0 +1,197 @@
+"""What to fix: the root cause of a log, or the preflight of a config alone.
+
+``from_report(report)`` gives the root cause's signature and the planning context the log
+holds: the OOM line's captures (GPU capacity, what was allocated), the failed run's config (the
+``Final configuration:`` YAML or the MLM arguments it printed), the ranks it shows.
+
+``from_preflight(db, cfg)`` (``diagnose --fix cfg.yaml`` with no log) gives every preflight
+rule that holds on the config (``diagnose/config/rules.py`` where present, else the database's
+``preflight: true`` / ``scope: config`` predicates evaluated here) and, when the memory model
+says the config does not fit the GPU, the OOM signature the config would die of (the most
+specific ``refine`` of the CUDA OOM whose config predicate holds).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Optional
+
+from .. import predicate as P
+from ..config.runconfig import RunConfig, from_log_blocks
+from ..db import Database, applies_to
+from ..model import SEVERITY_RANK, Report, Signature
+from . import plan as PL
+from .plan import Context, NoFix, estimate, memory_model
+
+OOM_ID = "MB-OOM-001"
+
+
+def world_from_command(command: Optional[str]) -> Optional[int]:
+    """nproc_per_node x nnodes from a torchrun / torch.distributed.run command line."""
+    if not command:
+        return None
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    nproc = nnodes = None
+    for i, a in enumerate(argv):
+        for name in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
+            val = None
+            if a == name and i + 1 < len(argv):
+                val = argv[i + 1]
+            elif a.startswith(name + "="):
+                val = a.split("=", 1)[1]
+            if val is None:
+                continue
+            m = re.fullmatch(r"(\d+)(?::(\d+))?", val)
+            if not m:
+                continue
+            if name == "--nnodes":
+                nnodes = int(m.group(2) or m.group(1))
+            else:
+                nproc = int(m.group(1))
+    if nproc is None:
+        return None
+    return nproc * (nnodes or 1)
+
+
+def world_from_log(report: Report) -> Optional[int]:
+    ranks = set()
+    for f in report.findings:
+        ranks.update(r for r in f.ranks if isinstance(r, int))
+    st = report.structure
+    for t in getattr(st, "torchrun", []) or []:
+        if isinstance(getattr(t, "rank", None), int):
+            ranks.add(t.rank)
+    for m in getattr(st, "memory", []) or []:
+        if isinstance(m.get("rank"), int):
+            ranks.add(m["rank"])
+    return max(ranks) + 1 if ranks else None
+
+
+def context_from_report(report: Report, world_size: Optional[int] = None, gpu: Optional[str] = None,
+                        gpu_memory_gb: Optional[float] = None) -> Context:
+    rc = report.root_cause
+    caps = dict(rc.hit.captures) if rc else {}
+    failed = from_log_blocks(report.structure.config_blocks) if report.structure else None
+    ctx = Context(world_size=world_size, gpu=gpu, gpu_memory_gb=gpu_memory_gb, captures=caps, failed_cfg=failed)
+    if ctx.world_size is None and report.config is not None:
+        w = report.config.get("mlm.world_size")
+        if isinstance(w, int) and w > 0:
+            ctx.world_size = w
+    if ctx.world_size is None:
+        ctx.world_size = world_from_log(report)
+    if rc is not None and rc.finding.signature.category == "cuda_oom":
+        cap = caps.get("capacity_size_bytes")
+        if cap and ctx.gpu_memory_gb is None and gpu is None:
+            ctx.gpu_memory_gb = cap / 1e9
+        used = caps.get("allocated_size_bytes") or caps.get("process_size_bytes")
+        tried = caps.get("tried_size_bytes") or 0
+        if used:
+            ctx.observed_need_gb = (used + tried) / 1e9
+    return ctx
+
+
+def from_report(report: Report) -> list[Signature]:
+    return [report.root_cause.finding.signature] if report.root_cause else []
+
+
+def _rules_module():
+    try:
+        from ..config import rules
+    except ImportError:
+        return None
+    return rules
+
+
+MEMORY_RULE_ID = "MB-OFF-055"  # the preflight rule "the memory estimate does not fit the GPU"
+
+
+def _metrics(cfg: RunConfig, ctx: Context) -> dict:
+    mm = memory_model()
+    if mm is None:
+        return {}
+    try:
+        c = mm.fill_from_preset(cfg)[0] if hasattr(mm, "fill_from_preset") else cfg
+        e = mm.estimate(c, world_size=ctx.world_size, gpu=ctx.gpu, gpu_memory_gb=ctx.gpu_memory_gb,
+                        gpus_per_node=ctx.gpus_per_node)
+    except Exception:
+        return {}
+    return e.metrics() if hasattr(e, "metrics") else {"peak_gb": e.peak_gb, "capacity_gb": e.capacity_gb,
+                                                        "host_gb": e.host_gb}
+
+
+def preflight_signatures(db: Database, cfg: RunConfig, ctx: Context, versions: Optional[dict] = None) -> list[Signature]:
+    """The preflight rules (config predicates, with the memory estimate as ``metrics.*``) that
+    hold on ``cfg``, most severe first: config/rules.py where present, else evaluated here."""
+    rcfg = cfg.copy()
+    if ctx.world_size and rcfg.get("mlm.world_size") is None:
+        rcfg.set("mlm.world_size", int(ctx.world_size))
+    metrics = _metrics(cfg, ctx)
+    rules = _rules_module()
+    if rules is not None and hasattr(rules, "evaluate"):
+        found = rules.evaluate(rcfg, db, versions or {}, metrics)
+        return [f.signature for f in found if f.signature is not None and f.signature.role != "advice"]
+    roots = dict(rcfg.data)
+    roots["metrics"] = {**(roots.get("metrics") or {}), **metrics}
+    out = []
+    for s in db.signatures:
+        if not (s.preflight or s.scope == "config") or not s.confirm_when or s.role == "advice":
+            continue
+        if versions and not applies_to(s, versions):
+            continue
+        if P.is_true(P.evaluate(s.confirm_when, roots)):
+            out.append(s)
+    out.sort(key=lambda s: -SEVERITY_RANK[s.severity])  # stable: database order within a severity
+    return out
+
+
+def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Optional[Signature], Optional[str]]:
+    """The OOM signature the config would die of when the memory model says it does not fit:
+    the most specific refine of the CUDA OOM whose config predicate holds (the seed's cases),
+    else the preflight memory rule, else the plain CUDA OOM."""
+    if memory_model() is None:
+        return None, "memory not checked: diagnose/config/memory.py is not available"
+    try:
+        e = estimate(cfg, ctx)
+    except NoFix as exc:
+        return None, f"memory not checked: {exc}"
+    if e.fits:
+        return None, (f"memory: {e.peak_gb:.1f} GB peak per GPU of {e.capacity_gb:.1f} GB fits "
+                      f"(margin {e.margin_gb:.1f} GB)")
+    base = db.get(OOM_ID)
+    roots = dict(cfg.data)
+    best = None
+    for r in (db.refiners_of(base) if base else []):
+        if r.confirm_when and not r.when_captures and P.is_true(P.evaluate(r.confirm_when, roots)):
+            if best is None or r.priority > best.priority:
+                best = r
+    sig = best or db.get(MEMORY_RULE_ID) or base
+    if sig is None:
+        return None, "the database has no CUDA OOM signature"
+    return sig, (f"memory: {e.peak_gb:.1f} GB peak per GPU does not fit {e.capacity_gb:.1f} GB "
+                 f"(margin {e.margin_gb:.1f} GB) -> planned as {sig.id} {sig.slug}")
+
+
+def plan_preflight(db: Database, cfg: RunConfig, ctx: Context, allow_unsafe: bool = False,
+                   versions: Optional[dict] = None) -> PL.Plan:
+    """The plan for a config alone: the static rules first, then the memory model on the
+    config as those fixes leave it (a fix can make it fit, or stop it fitting)."""
+    sigs = [s for s in preflight_signatures(db, cfg, ctx, versions) if s.id != MEMORY_RULE_ID]
+    p = PL.plan(sigs, cfg, ctx, allow_unsafe)
+    after = PL.with_changes(cfg, [(e.key, e.new) for e in p.edits])
+    oom, note = oom_signature(db, after, ctx)
+    if note:
+        p.notes.append(note)
+    if oom is not None:
+        q = PL.plan([oom], after, ctx, allow_unsafe)
+        p.causes += q.causes
+        p.fixes += q.fixes
+        p.refused += q.refused
+        p.no_fix += q.no_fix
+        p.advice += q.advice
+        p.notes += q.notes
+    if p.edits:
+        p.effect = PL.effect_of(cfg, p.edits, ctx)
+    return p

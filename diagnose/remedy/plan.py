@@ -1,0 +1,687 @@
+"""From root causes and a config to a Plan: ordered config edits with safety and predicted effect.
+
+The fixes are data (the signature's ``fixes`` in ``signatures/*.yaml``). For each cause the
+planner takes the first fix that applies (its ``when`` predicate holds or is unknown), that
+has edits (``display-only`` fixes are advice and are reported, never applied) and whose safety
+is allowed (``unsafe`` needs ``allow_unsafe``). A fix with ``compute: NAME`` is completed here,
+by the function registered under NAME in ``COMPUTED``, from the config, the world size and the
+memory model (``diagnose/config/memory.py``): the smallest pipeline size that divides the
+layers and the world size and fits, the lowest optimizer-offload fraction that fits with a
+margin, ... A computed fix that finds nothing says why, and the planner moves on to the next
+fix; a name this module does not know is reported as "no fix known", never guessed.
+
+Every planned fix carries its predicted effect: memory per GPU before and after (the memory
+model, calibrated against the OOM the log shows when there is one) and the iteration-time
+factor of optimizer offload from the seed's measured curve.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .. import predicate as P
+from ..config.runconfig import RunConfig
+from ..model import Edit, Fix, Signature
+from .edits import apply_edit, format_value, override
+
+FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer-offload fractions tried, lowest first
+# The seed's measured iteration-time factors (Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100):
+# baseline 996 ms; 25% 1871 ms; 50% 2484 ms; 75% 3187 ms; 100% 4189 ms; 100% + overlap 3877 ms.
+SLOWDOWN = ((0.0, 1.0), (0.25, 1.9), (0.5, 2.5), (0.75, 3.2), (1.0, 4.2))
+SLOWDOWN_OVERLAP_FULL = 3.9
+
+_MISSING = object()
+DELETE = "__delete__"
+
+
+class NoFix(Exception):
+    """A computed fix found nothing that works; the message says why."""
+
+
+def gb(x: float) -> str:
+    """GB (1e9 bytes) for a report: tiny models in MB."""
+    return f"{x:.1f} GB" if abs(x) >= 1 else f"{x * 1000:.1f} MB"
+
+
+def slowdown(fraction: float, overlap: bool = False) -> float:
+    """Iteration-time factor of optimizer offload at ``fraction`` (linear between measured points)."""
+    f = min(max(float(fraction), 0.0), 1.0)
+    pts = SLOWDOWN
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= f <= x1:
+            y = y0 + (y1 - y0) * (f - x0) / (x1 - x0)
+            break
+    else:  # pragma: no cover
+        y = pts[-1][1]
+    if overlap and f > 0:
+        y *= SLOWDOWN_OVERLAP_FULL / SLOWDOWN[-1][1]  # measured at 100% only: ~7% faster
+    return round(y, 2)
+
+
+# --- context and results ---------------------------------------------------------------------
+@dataclass
+class Context:
+    """What a computed fix may use besides the config."""
+
+    world_size: Optional[int] = None
+    gpu: Optional[str] = None
+    gpu_memory_gb: Optional[float] = None
+    gpus_per_node: int = 8
+    captures: dict = field(default_factory=dict)  # the root-cause hit's regex captures
+    failed_cfg: Optional[RunConfig] = None  # the config of the run that failed (from its log)
+    observed_need_gb: Optional[float] = None  # at least this much was needed (OOM line)
+
+
+@dataclass
+class Estimate:
+    per_gpu_gb: float
+    peak_gb: float
+    capacity_gb: float
+    fits: bool
+    host_gb: float
+    margin_gb: float = 0.0  # the memory model's margin (CUDA context, workspaces, fragmentation)
+    calibrated: bool = False
+    notes: list = field(default_factory=list)
+
+    @property
+    def fits_with_margin(self) -> bool:
+        """The memory model's verdict: peak + margin <= capacity."""
+        return self.fits
+
+
+@dataclass
+class PlannedEdit:
+    key: str
+    old: Any  # _MISSING when the config lacks the key
+    new: Any  # DELETE to remove the key
+
+    @property
+    def changes(self) -> bool:
+        if self.new == DELETE:
+            return self.old is not _MISSING and self.old is not None
+        return self.old is _MISSING or self.old != self.new or type(self.old) is not type(self.new)
+
+    @property
+    def override(self) -> str:
+        if self.new == DELETE:
+            return f"~{self.key}"
+        return override(self.key, self.new)
+
+    def describe(self) -> str:
+        old = "(absent)" if self.old is _MISSING else format_value(self.old)
+        new = "(deleted)" if self.new == DELETE else format_value(self.new)
+        return f"{self.key}: {old} -> {new}"
+
+
+@dataclass
+class Effect:
+    before: Optional[Estimate] = None
+    after: Optional[Estimate] = None
+    slowdown: Optional[float] = None  # iteration-time factor against no optimizer offload
+    text: Optional[str] = None  # the signature's qualitative effect
+    notes: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        parts = []
+        if self.before is not None and self.after is not None:
+            a = self.after
+            verdict = (f"fits with a {a.margin_gb:.1f} GB margin" if a.fits else "does NOT fit")
+            parts.append(f"memory per GPU {gb(self.before.peak_gb)} -> {gb(a.peak_gb)} of "
+                         f"{gb(a.capacity_gb)} ({verdict})" + (" [calibrated on the OOM]" if a.calibrated else ""))
+            if a.host_gb:
+                parts.append(f"pinned host memory {gb(a.host_gb)} per node")
+        elif self.after is not None:
+            parts.append(f"memory per GPU {gb(self.after.peak_gb)} of {gb(self.after.capacity_gb)}")
+        if self.slowdown is not None:
+            parts.append(f"iteration time x{self.slowdown:.1f} (seed's measured optimizer-offload curve)")
+        if not parts and self.text:
+            parts.append(self.text)
+        return "; ".join(parts) if parts else "not estimated"
+
+
+@dataclass
+class PlannedFix:
+    signature: Signature
+    fix: Fix
+    edits: list  # PlannedEdit
+    reason: str = ""  # how a computed fix chose its values
+    effect: Effect = field(default_factory=Effect)
+    already_applied: bool = False
+
+    @property
+    def safety(self) -> str:
+        return self.fix.safety
+
+
+@dataclass
+class Refusal:
+    signature: Signature
+    fix: Fix
+    edits: list
+    reason: str
+
+
+@dataclass
+class Plan:
+    causes: list  # Signatures planned for, in order
+    fixes: list = field(default_factory=list)  # PlannedFix
+    refused: list = field(default_factory=list)  # Refusal: unsafe fixes not allowed
+    no_fix: list = field(default_factory=list)  # (Signature, reason)
+    advice: list = field(default_factory=list)  # (Signature, text): display-only fixes
+    notes: list = field(default_factory=list)
+    effect: Effect = field(default_factory=Effect)  # of all edits together
+
+    @property
+    def edits(self) -> list:
+        """All edits that change something, in order, one per key (a later fix's value wins)."""
+        out: dict[str, PlannedEdit] = {}
+        for pf in self.fixes:
+            for e in pf.edits:
+                if e.changes:
+                    out.pop(e.key, None)
+                    out[e.key] = e
+        return list(out.values())
+
+    @property
+    def overrides(self) -> list[str]:
+        return [e.override for e in self.edits]
+
+    @property
+    def status(self) -> str:
+        """ok (edits to apply) | applied (already in the config) | unsafe | no_fix | nothing."""
+        if self.edits:
+            return "ok"
+        if self.fixes:
+            return "applied"
+        if self.refused:
+            return "unsafe"
+        if self.no_fix or self.advice:
+            return "no_fix"
+        return "nothing"
+
+
+# --- config helpers --------------------------------------------------------------------------
+def _get(cfg: RunConfig, key: str, default=None):
+    v = cfg.get(key, _MISSING)
+    return default if v is _MISSING or v is None else v
+
+
+def _int(cfg: RunConfig, key: str, default: int = 1) -> int:
+    v = _get(cfg, key, default)
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def with_changes(cfg: RunConfig, changes: list) -> RunConfig:
+    out = cfg.copy()
+    for key, value in changes:
+        if value == DELETE:
+            out.delete(key)
+        else:
+            out.set(key, value)
+    return out
+
+
+def layout(cfg: RunConfig, world: Optional[int]) -> dict:
+    d = {k: _int(cfg, f"model.{k}_parallel_size") for k in
+         ("tensor_model", "pipeline_model", "context", "expert_model", "expert_tensor")}
+    tp, pp, cp = d["tensor_model"], d["pipeline_model"], d["context"]
+    dp = world // (tp * pp * cp) if world and world % (tp * pp * cp) == 0 else None
+    return {"tp": tp, "pp": pp, "cp": cp, "ep": d["expert_model"], "etp": d["expert_tensor"], "dp": dp}
+
+
+def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: Optional[int] = None,
+                 cp: Optional[int] = None) -> Optional[str]:
+    """None when TP x PP x CP x DP = world and the batch and layer splits work; else why not."""
+    cp = cp or _int(cfg, "model.context_parallel_size")
+    ep = ep or _int(cfg, "model.expert_model_parallel_size")
+    etp = _int(cfg, "model.expert_tensor_parallel_size", tp) or tp
+    if world % (tp * pp * cp):
+        return f"TP{tp} x PP{pp} x CP{cp} does not divide {world} GPUs"
+    dp = world // (tp * pp * cp)
+    layers = _get(cfg, "model.num_layers")
+    if layers and pp > 1:
+        vp = _get(cfg, "model.virtual_pipeline_model_parallel_size")
+        if int(layers) % (pp * (int(vp) if vp else 1)):
+            return f"PP{pp} does not divide {layers} layers"
+    if (world // pp) % (ep * etp):
+        return f"EP{ep} x ETP{etp} does not divide the {world // pp} GPUs of a pipeline stage"
+    experts = _get(cfg, "model.num_moe_experts")
+    if experts and int(experts) % ep:
+        return f"EP{ep} does not divide {experts} experts"
+    gbs, mbs = _get(cfg, "train.global_batch_size"), _get(cfg, "train.micro_batch_size")
+    if gbs and mbs and int(gbs) % (int(mbs) * dp):
+        return f"global batch {gbs} is not a multiple of micro batch {mbs} x DP{dp}"
+    heads = _get(cfg, "model.num_attention_heads")
+    if heads and int(heads) % tp:
+        return f"TP{tp} does not divide {heads} attention heads"
+    groups = _get(cfg, "model.num_query_groups")
+    if groups and int(groups) % tp and tp % int(groups):
+        return f"TP{tp} and {groups} query groups: neither divides the other"
+    return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# --- the memory model ------------------------------------------------------------------------
+def memory_model():
+    """diagnose.config.memory, or None when this installation lacks it."""
+    try:
+        from ..config import memory
+    except ImportError:
+        return None
+    return memory if hasattr(memory, "estimate") else None
+
+
+def estimate(cfg: RunConfig, ctx: Context, calibrate_on: Optional[RunConfig] = None) -> Estimate:
+    """The memory model's estimate, calibrated against the OOM when the log showed one.
+
+    When the failed run's config (``calibrate_on``) is predicted to fit although the run died
+    of an OOM needing at least ``ctx.observed_need_gb``, every estimate is scaled by
+    need / predicted: the model is trusted for ratios, the log for the level.
+    """
+    mm = memory_model()
+    if mm is None:
+        raise NoFix("the memory model (diagnose/config/memory.py) is not available in this installation")
+    if hasattr(mm, "fill_from_preset"):
+        cfg = mm.fill_from_preset(cfg)[0]
+        if calibrate_on is not None:
+            calibrate_on = mm.fill_from_preset(calibrate_on)[0]
+    try:
+        e = mm.estimate(cfg, world_size=ctx.world_size, gpu=ctx.gpu, gpu_memory_gb=ctx.gpu_memory_gb,
+                        gpus_per_node=ctx.gpus_per_node)
+    except NoFix:
+        raise
+    except Exception as exc:  # the model refuses configs it cannot size (missing dims ...)
+        raise NoFix(f"the memory model cannot size this config: {exc}") from None
+    margin = float(getattr(e, "margin_gb", 0.0) or 0.0)
+    out = Estimate(float(e.per_gpu_gb), float(e.peak_gb), float(e.capacity_gb), bool(e.fits),
+                   float(getattr(e, "host_gb", 0.0) or 0.0), margin, notes=list(getattr(e, "notes", []) or []))
+    need = ctx.observed_need_gb
+    if need and calibrate_on is not None:
+        try:
+            base = mm.estimate(calibrate_on, world_size=ctx.world_size, gpu=ctx.gpu,
+                               gpu_memory_gb=ctx.gpu_memory_gb, gpus_per_node=ctx.gpus_per_node)
+        except Exception:
+            base = None
+        if base is not None and float(base.peak_gb) > 0 and float(base.peak_gb) < need:
+            k = need / float(base.peak_gb)
+            out = Estimate(out.per_gpu_gb * k, out.peak_gb * k, out.capacity_gb,
+                           out.peak_gb * k + margin <= out.capacity_gb, out.host_gb, margin, calibrated=True,
+                           notes=out.notes)
+    return out
+
+
+def _est(cfg: RunConfig, ctx: Context) -> Estimate:
+    return estimate(cfg, ctx, calibrate_on=ctx.failed_cfg if ctx.observed_need_gb else None)
+
+
+# --- computed fixes --------------------------------------------------------------------------
+Computed = Callable[[RunConfig, Context, list], tuple[list, str]]
+COMPUTED: dict[str, Computed] = {}
+
+
+def computed(name: str):
+    def deco(fn):
+        COMPUTED[name] = fn
+        return fn
+    return deco
+
+
+def _offload_on(base: list, cfg: RunConfig) -> list:
+    """Optimizer offload on (with the distributed optimizer it needs), on top of ``base``."""
+    out = [(k, v) for k, v in base if k not in ("optimizer.optimizer_offload_fraction",)]
+    keys = {k for k, _ in out}
+    if "optimizer.optimizer_cpu_offload" not in keys:
+        out.append(("optimizer.optimizer_cpu_offload", True))
+    for k in ("optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer"):
+        if k not in keys and cfg.get(k) is not True:
+            out.append((k, True))
+    return out
+
+
+def _lowest_fraction(cfg: RunConfig, ctx: Context, base: list, above: float = -1.0) -> tuple[float, Estimate]:
+    tried = []
+    for f in FRACTIONS:
+        if f <= above + 1e-9:
+            continue
+        e = _est(with_changes(cfg, base + [("optimizer.optimizer_offload_fraction", f)]), ctx)
+        tried.append(f"{int(f * 100)}%: {gb(e.peak_gb)}")
+        if e.fits_with_margin:
+            return f, e
+    cap = f" of {e.capacity_gb:.1f} GB" if tried else ""
+    raise NoFix(("no optimizer-offload fraction fits (" + ", ".join(tried) + cap + ")")
+                if tried else "the fraction is already 100%")
+
+
+def _fraction_reason(f: float, e: Estimate, cfg: RunConfig) -> str:
+    overlap = bool(cfg.get("optimizer.overlap_cpu_optimizer_d2h_h2d"))
+    return (f"lowest fraction that fits with the memory model's margin: {int(f * 100)}% ({gb(e.peak_gb)} of "
+            f"{gb(e.capacity_gb)}; x{slowdown(f, overlap):.1f} iteration time)")
+
+
+@computed("lowest_fitting_offload_fraction")
+def lowest_fitting_offload_fraction(cfg, ctx, base):
+    base = _offload_on(base, cfg)
+    f, e = _lowest_fraction(cfg, ctx, base)
+    return base + [("optimizer.optimizer_offload_fraction", f)], _fraction_reason(f, e, cfg)
+
+
+@computed("raise_offload_fraction")
+def raise_offload_fraction(cfg, ctx, base):
+    cur = float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0))
+    base = _offload_on(base, cfg)
+    f, e = _lowest_fraction(cfg, ctx, base, above=cur)
+    return base + [("optimizer.optimizer_offload_fraction", f)], \
+        f"raised from {int(cur * 100)}%: " + _fraction_reason(f, e, cfg)
+
+
+@computed("switch_to_optimizer_offload")
+def switch_to_optimizer_offload(cfg, ctx, base):
+    base = list(base)
+    if _int(cfg, "model.cpu_offloading_num_layers", 0):
+        base.append(("model.cpu_offloading_num_layers", 0))
+    base = _offload_on(base, cfg)
+    f, e = _lowest_fraction(cfg, ctx, base)
+    return base + [("optimizer.optimizer_offload_fraction", f)], \
+        "activation offload off, optimizer offload on; " + _fraction_reason(f, e, cfg)
+
+
+@computed("offload_layers_in_range")
+def offload_layers_in_range(cfg, ctx, base):
+    layers = _get(cfg, "model.num_layers")
+    cur = _get(cfg, "model.cpu_offloading_num_layers")
+    if not layers:
+        raise NoFix("model.num_layers is unknown")
+    layers = int(layers)
+    if layers < 2:
+        raise NoFix(f"with {layers} layer(s) no layer can be offloaded (the last one never is)")
+    new = 0 if cur is None or int(cur) < 0 else min(int(cur), layers - 1)
+    return base + [("model.cpu_offloading_num_layers", new)], \
+        f"at most num_layers - 1 = {layers - 1} layers can be offloaded"
+
+
+def _world(ctx: Context) -> int:
+    if not ctx.world_size:
+        raise NoFix("the world size is unknown (give --world-size, or a log that shows the ranks)")
+    return int(ctx.world_size)
+
+
+def _fitting(cfg, ctx, changes) -> Optional[Estimate]:
+    e = _est(with_changes(cfg, changes), ctx)
+    return e if e.fits_with_margin else None
+
+
+@computed("add_pp")
+def add_pp(cfg, ctx, base):
+    world = _world(ctx)
+    if cfg.get("model.cpu_offloading") is True and not any(k == "model.cpu_offloading" for k, _ in base):
+        raise NoFix("activation offload (model.cpu_offloading) needs PP=1; switch to optimizer offload first")
+    lay = layout(cfg, world)
+    why = []
+    for pp in range(lay["pp"] + 1, world + 1):
+        bad = valid_layout(cfg, world, lay["tp"], pp)
+        if bad:
+            continue
+        ch = base + [("model.pipeline_model_parallel_size", pp)]
+        e = _est(with_changes(cfg, ch), ctx)
+        if e.fits_with_margin:
+            return ch, f"smallest PP above {lay['pp']} that divides the layers and {world} GPUs and fits: PP{pp} ({gb(e.peak_gb)} of {gb(e.capacity_gb)})"
+        why.append(f"PP{pp}: {gb(e.peak_gb)}")
+    raise NoFix("no larger pipeline size fits with the memory model's margin" + (f" ({', '.join(why)})" if why else
+                f" (none divides the layers, the batch and {world} GPUs)"))
+
+
+@computed("pp_and_optimizer_offload")
+def pp_and_optimizer_offload(cfg, ctx, base):
+    world = _world(ctx)
+    base = list(base)
+    if not any(k == "model.cpu_offloading" for k, _ in base):
+        base.append(("model.cpu_offloading", False))
+    if _int(cfg, "model.cpu_offloading_num_layers", 0):
+        base.append(("model.cpu_offloading_num_layers", 0))
+    base = _offload_on(base, cfg)
+    lay = layout(cfg, world)
+    why = []
+    for pp in range(max(2, lay["pp"]), world + 1):
+        if valid_layout(cfg, world, lay["tp"], pp):
+            continue
+        ch = base + [("model.pipeline_model_parallel_size", pp)]
+        try:
+            f, e = _lowest_fraction(cfg, ctx, ch)
+        except NoFix as exc:
+            why.append(f"PP{pp}: {exc}")
+            continue
+        return ch + [("optimizer.optimizer_offload_fraction", f)], \
+            (f"smallest PP that divides {_get(cfg, 'model.num_layers', '?')} layers and {world} GPUs and fits: "
+             f"PP{pp} (DP{world // (lay['tp'] * pp * lay['cp'])}); " + _fraction_reason(f, e, cfg))
+    raise NoFix("no pipeline size with optimizer offload fits" + (f": {'; '.join(why[:3])}" if why else
+                f" (none divides the layers, the batch and {world} GPUs)"))
+
+
+def _nearest(cands: list[int], cur: int) -> list[int]:
+    """Candidates in order of preference: the largest below the current value first (same or
+    lower parallel degree keeps the layout closest), then the smallest above."""
+    below = sorted((c for c in cands if c < cur), reverse=True)
+    above = sorted(c for c in cands if c > cur)
+    return below + above
+
+
+def _try_parallel(cfg, ctx, base, key: str, cands: list[int], cur: int, what: str):
+    mm = memory_model()
+    why = []
+    for c in _nearest(cands, cur):
+        ch = base + [(key, c)]
+        if mm is not None:
+            try:
+                e = _est(with_changes(cfg, ch), ctx)
+            except NoFix:
+                e = None
+            if e is not None and not e.fits_with_margin:
+                why.append(f"{what}{c}: {gb(e.peak_gb)}")
+                continue
+            mem = f" ({gb(e.peak_gb)} of {gb(e.capacity_gb)})" if e else ""
+        else:
+            mem = " (memory not checked: no memory model)"
+        return ch, f"nearest {what} to {cur} that divides the layout: {what}{c}{mem}"
+    raise NoFix(f"no {what} divides the layout and fits" + (f" ({', '.join(why)})" if why else ""))
+
+
+@computed("divisor_pp")
+def divisor_pp(cfg, ctx, base):
+    world = _world(ctx)
+    lay = layout(cfg, world)
+    cands = [pp for pp in _divisors(world) if not valid_layout(cfg, world, lay["tp"], pp)]
+    return _try_parallel(cfg, ctx, base, "model.pipeline_model_parallel_size", cands, lay["pp"], "PP")
+
+
+@computed("divisor_tp")
+def divisor_tp(cfg, ctx, base):
+    world = _world(ctx)
+    lay = layout(cfg, world)
+    cands = [tp for tp in _divisors(world) if not valid_layout(cfg, world, tp, lay["pp"])]
+    return _try_parallel(cfg, ctx, base, "model.tensor_model_parallel_size", cands, lay["tp"], "TP")
+
+
+@computed("divisor_ep")
+def divisor_ep(cfg, ctx, base):
+    world = _world(ctx)
+    lay = layout(cfg, world)
+    cands = [ep for ep in _divisors(world) if not valid_layout(cfg, world, lay["tp"], lay["pp"], ep=ep)]
+    return _try_parallel(cfg, ctx, base, "model.expert_model_parallel_size", cands, lay["ep"], "EP")
+
+
+# --- planning ----------------------------------------------------------------------------------
+def _static(cfg: RunConfig, edits: tuple[Edit, ...]) -> list:
+    out = []
+    for e in edits:
+        cur = cfg.get(e.key)
+        if e.op in ("scale", "add") and (not isinstance(cur, (int, float)) or isinstance(cur, bool)):
+            raise NoFix(f"{e.key} is not in the config, so '{e.op} {e.value}' cannot be computed")
+        changed, new = apply_edit(cur, e)
+        out.append((e.key, DELETE if e.op == "delete" else new))
+    return out
+
+
+def _planned(cfg: RunConfig, changes: list) -> list[PlannedEdit]:
+    out, seen = [], {}
+    for key, value in changes:
+        seen[key] = value  # a later value for the same key wins, kept at its first position
+    done = set()
+    for key, _ in changes:
+        if key in done:
+            continue
+        done.add(key)
+        out.append(PlannedEdit(key, cfg.get(key, _MISSING), seen[key]))
+    return out
+
+
+def _effect(cfg: RunConfig, changes: list, ctx: Context, text: Optional[str]) -> Effect:
+    eff = Effect(text=text)
+    after_cfg = with_changes(cfg, changes)
+    if after_cfg.get("optimizer.optimizer_cpu_offload") is True:
+        eff.slowdown = slowdown(float(_get(after_cfg, "optimizer.optimizer_offload_fraction", 0.0)),
+                                bool(after_cfg.get("optimizer.overlap_cpu_optimizer_d2h_h2d")))
+    if memory_model() is None:
+        eff.notes.append("memory not estimated: diagnose/config/memory.py is not available")
+        return eff
+    try:
+        eff.before = _est(cfg, ctx)
+        eff.after = _est(after_cfg, ctx)
+    except NoFix as exc:
+        eff.before = eff.after = None
+        eff.notes.append(f"memory not estimated: {exc}")
+    return eff
+
+
+def _same_in(failed: Optional[RunConfig], changes: list) -> bool:
+    """True when the failed run already had every value of ``changes`` (the fix was there)."""
+    if failed is None:
+        return False
+    for key, value in changes:
+        cur = failed.get(key, _MISSING)
+        if value == DELETE:
+            if cur is not _MISSING and cur is not None:
+                return False
+        elif cur is _MISSING or cur != value:
+            return False
+    return True
+
+
+def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Context] = None,
+         allow_unsafe: bool = False) -> Plan:
+    """Plan fixes for ``causes`` (root cause first) against ``cfg``."""
+    ctx = ctx or Context()
+    cfg = cfg if cfg is not None else RunConfig()
+    out = Plan(causes=list(causes))
+    work = cfg.copy()  # each cause is planned on top of the previous causes' edits
+    for sig in causes:
+        roots = dict(work.data)
+        roots.setdefault("captures", ctx.captures)
+        chosen = refused = None
+        reasons = []
+        for fix in sig.fixes:
+            if fix.when and P.evaluate(fix.when, roots) is False:
+                continue
+            if fix.safety == "display-only" or (not fix.edits and not fix.compute):
+                out.advice.append((sig, fix.text))
+                continue
+            try:
+                changes = _static(work, fix.edits)
+                reason = ""
+                if fix.compute:
+                    fn = COMPUTED.get(fix.compute)
+                    if fn is None:
+                        raise NoFix(f"no fix known: the computed fix {fix.compute!r} is not implemented "
+                                    "by this version of diagnose")
+                    changes, reason = fn(work, ctx, changes)
+            except NoFix as exc:
+                reasons.append(f"{fix.text.split('.')[0]}: {exc}")
+                continue
+            edits = _planned(work, changes)
+            if not any(e.changes for e in edits) and _same_in(ctx.failed_cfg, changes):
+                # the run that failed already had this fix: it did not help; try the next one
+                reasons.append(f"{fix.text.split('.')[0]}: the failed run already had it")
+                continue
+            if fix.safety == "unsafe" and not allow_unsafe:
+                if refused is None:
+                    refused = Refusal(sig, fix, edits, reason)
+                continue
+            chosen = PlannedFix(sig, fix, edits, reason, already_applied=not any(e.changes for e in edits))
+            chosen.effect = _effect(work, changes, ctx, fix.effect)
+            work = with_changes(work, changes)
+            break
+        if chosen is not None:
+            out.fixes.append(chosen)
+        elif refused is not None:
+            out.refused.append(refused)
+        else:
+            out.no_fix.append((sig, "; ".join(reasons) if reasons else "no fix known for this root cause"))
+    if out.edits:
+        out.effect = effect_of(cfg, out.edits, ctx)
+    return out
+
+
+def effect_of(cfg: RunConfig, edits: list, ctx: Context) -> Effect:
+    """The predicted effect of ``edits`` (PlannedEdit) applied together to ``cfg``."""
+    return _effect(cfg, [(e.key, e.new) for e in edits], ctx, None)
+
+
+# --- rendering ---------------------------------------------------------------------------------
+def describe(p: Plan) -> str:
+    lines = []
+    for pf in p.fixes:
+        s = pf.signature
+        lines.append(f"fix for {s.id} {s.slug} [{pf.safety}]: {pf.fix.text}")
+        if pf.reason:
+            lines.append(f"  computed: {pf.reason}")
+        if pf.already_applied:
+            lines.append("  already applied: the config has these values; nothing to change")
+        for e in pf.edits:
+            if e.changes:
+                lines.append(f"  {e.describe()}")
+        lines.append(f"  predicted: {pf.effect.describe()}")
+        for n in pf.effect.notes:
+            lines.append(f"  note: {n}")
+    for r in p.refused:
+        lines.append(f"refused for {r.signature.id} {r.signature.slug} [unsafe: changes the parallel layout or "
+                     f"batch semantics; rerun with --unsafe-fixes]: {r.fix.text}")
+        if r.reason:
+            lines.append(f"  computed: {r.reason}")
+        for e in r.edits:
+            if e.changes:
+                lines.append(f"  {e.describe()}")
+    for sig, why in p.no_fix:
+        lines.append(f"no fix known for {sig.id} {sig.slug}: {why}")
+    for sig, text in p.advice:
+        if not any(pf.signature is sig for pf in p.fixes):
+            lines.append(f"advice for {sig.id} (not applied automatically): {text}")
+    for n in p.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def to_json(p: Plan) -> dict:
+    def est(e):
+        return None if e is None else {"per_gpu_gb": round(e.per_gpu_gb, 2), "peak_gb": round(e.peak_gb, 2),
+                                       "capacity_gb": round(e.capacity_gb, 2), "fits": e.fits,
+                                       "fits_with_margin": e.fits_with_margin, "calibrated": e.calibrated}
+    return {
+        "status": p.status,
+        "causes": [s.id for s in p.causes],
+        "fixes": [{"signature": pf.signature.id, "safety": pf.safety, "text": pf.fix.text, "reason": pf.reason,
+                   "already_applied": pf.already_applied,
+                   "edits": [{"key": e.key, "old": None if e.old is _MISSING else e.old,
+                              "new": None if e.new == DELETE else e.new, "delete": e.new == DELETE}
+                             for e in pf.edits if e.changes],
+                   "predicted": {"before": est(pf.effect.before), "after": est(pf.effect.after),
+                                 "slowdown": pf.effect.slowdown, "text": pf.effect.describe()}}
+                  for pf in p.fixes],
+        "refused": [{"signature": r.signature.id, "text": r.fix.text, "reason": r.reason} for r in p.refused],
+        "no_fix": [{"signature": s.id, "reason": why} for s, why in p.no_fix],
+        "overrides": p.overrides,
+    }

@@ -1,0 +1,92 @@
+"""Project settings for the relaunch: which launcher, which command, the way ruff/pytest read theirs.
+
+Looked up from the current folder upwards, the first of:
+
+* ``diagnose.toml`` (or ``.diagnose.toml``) with the keys at the top level, or under ``[tool.diagnose]``;
+* ``pyproject.toml`` with a ``[tool.diagnose]`` table.
+
+Keys::
+
+    [tool.diagnose]
+    launcher = "local"                  # or "slurm"
+    launch-cmd = "python -m torch.distributed.run --nproc_per_node=8 scripts/training/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config"
+    sbatch-args = ["--partition=gpu"]   # slurm only: extra sbatch options
+    max-attempts = 3
+    history = "diagnose-history.jsonl"
+    world-size = 16                     # for computed fixes when no log shows the ranks
+    gpu = "H100"
+
+Command-line options win over the file. Relative paths in the file are relative to its folder.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+KEYS = {"launcher", "launch-cmd", "sbatch-args", "max-attempts", "history", "world-size", "gpu", "gpu-memory",
+        "gpus-per-node", "log-dir"}
+
+HOWTO = """no launcher configured for --relaunch. Give --launcher and --launch-cmd, or add to pyproject.toml:
+
+    [tool.diagnose]
+    launcher = "local"   # or "slurm"
+    launch-cmd = "python -m torch.distributed.run --nproc_per_node=8 scripts/training/run_recipe.py --recipe NAME"
+
+(or the same keys, without the table header, in a diagnose.toml beside it)"""
+
+
+class SettingsError(Exception):
+    pass
+
+
+@dataclass
+class Settings:
+    values: dict = field(default_factory=dict)
+    source: Optional[Path] = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    @property
+    def folder(self) -> Optional[Path]:
+        return self.source.parent if self.source else None
+
+
+def _table(path: Path) -> Optional[dict]:
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{path}: cannot read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: invalid TOML: {exc}") from None
+    tool = (doc.get("tool") or {}).get("diagnose")
+    if path.name == "pyproject.toml":
+        return tool
+    if tool is not None:
+        return tool
+    return {k: v for k, v in doc.items() if k != "tool"}
+
+
+def find(start: Optional[Path] = None) -> Settings:
+    cur = (start or Path.cwd()).resolve()
+    for folder in (cur, *cur.parents):
+        for name in ("diagnose.toml", ".diagnose.toml", "pyproject.toml"):
+            p = folder / name
+            if not p.is_file():
+                continue
+            table = _table(p)
+            if table is None:
+                continue  # a pyproject.toml without [tool.diagnose]: keep looking up
+            unknown = set(table) - KEYS
+            if unknown:
+                raise SettingsError(f"{p}: unknown key(s) in the diagnose settings: {', '.join(sorted(unknown))} "
+                                    f"(known: {', '.join(sorted(KEYS))})")
+            return Settings(dict(table), p)
+    return Settings()
