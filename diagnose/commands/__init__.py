@@ -1,6 +1,7 @@
 """Subcommands, one module each, registered here (name -> click command)."""
 from __future__ import annotations
 
+from .check import check
 from .compare import compare
 from .scan import scan
 from .signatures import signatures
@@ -9,4 +10,5 @@ REGISTRY = {
     "scan": scan,
     "signatures": signatures,
     "compare": compare,
+    "check": check,
 }

@@ -44,6 +44,7 @@ class MCoreResult:
     message: str
     source_line: str  # the source line that raised (MCore's file), for bare asserts
     signature: Optional[Signature]  # the database's name for it, or None
+    environment: bool = False  # MCore could not check on this machine (ImportError ...): not a finding
 
     @property
     def line(self) -> str:
@@ -108,10 +109,35 @@ def _kwargs(klass, section: Optional[dict]) -> dict:
     return out
 
 
+# Names MCore imports from its Transformer Engine wrappers only when TE imports (moe_utils'
+# ``try: import transformer_engine``); config checks import them to see whether TE provides them.
+_TE_NAMES = {
+    "megatron.core.transformer.moe.moe_utils": (
+        "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss", "fused_permute", "fused_permute_with_probs",
+        "fused_sort_chunks_by_index", "fused_sort_chunks_by_index_with_probs", "fused_topk_with_score_function",
+        "fused_unpermute", "te_general_gemm",
+    ),
+}
+
+
+def _te_stand_in(*_a, **_k):  # pragma: no cover - never called: config checks only test presence
+    raise RuntimeError("Transformer Engine stand-in (diagnose check --mcore) must not be called")
+
+
 @contextlib.contextmanager
 def _te_present():
     import megatron.core.utils as U
 
+    added = []
+    for modname, names in _TE_NAMES.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue
+        for name in names:
+            if not hasattr(mod, name):
+                setattr(mod, name, _te_stand_in)
+                added.append((mod, name))
     patched = []
     mods = [U]
     for name in ("megatron.core.transformer.transformer_config", "megatron.core.optimizer.optimizer_config",
@@ -129,6 +155,8 @@ def _te_present():
     finally:
         for m, fn in patched:
             m.is_te_min_version = fn
+        for mod, name in added:
+            delattr(mod, name)
 
 
 def _raising_line(exc: BaseException) -> str:
@@ -170,6 +198,10 @@ def validate(cfg: RunConfig, db: Database, versions: Optional[dict] = None) -> l
         try:
             with _quiet(), _te_present():
                 klass(**kwargs)
+        except (ImportError, NotImplementedError) as exc:
+            # the machine, not the config: MCore needed something this host lacks (TE, CUDA)
+            out.append(MCoreResult(stage, type(exc).__name__, str(exc).strip(), _raising_line(exc), None,
+                                   environment=True))
         except Exception as exc:  # noqa: BLE001 - MCore's own refusal is what we report
             msg = str(exc).strip()
             src = _raising_line(exc)

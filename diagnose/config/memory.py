@@ -124,17 +124,21 @@ def find_preset(name: str) -> Optional[dict]:
     return None
 
 
-def fill_from_preset(cfg: RunConfig, name: Optional[str] = None) -> tuple[RunConfig, Optional[str]]:
-    """Shape keys the config leaves out (or null), from a preset (``name``, else model.hf_model_id)."""
+def fill_from_preset(cfg: RunConfig, name: Optional[str] = None) -> tuple[RunConfig, Optional[str], list]:
+    """Shape keys the config leaves out (or null), from a preset (``name``, else model.hf_model_id).
+
+    Returns (config, the preset's name or None, the keys filled in)."""
     name = name or cfg.get("model.hf_model_id")
     p = find_preset(name) if name else None
     if p is None:
-        return cfg, None
+        return cfg, None, []
     out = cfg.copy()
+    filled = []
     for k, v in p["model"].items():
         if out.get(f"model.{k}") is None:
             out.set(f"model.{k}", v)
-    return out, name
+            filled.append(f"model.{k}")
+    return out, name, filled
 
 
 # --- helpers -------------------------------------------------------------------------------------

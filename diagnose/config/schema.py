@@ -164,7 +164,7 @@ def validate(data: dict, skip: tuple = ()) -> list[str]:
     sch = schema()
     problems = []
     for sec, body in data.items():
-        if sec in skip or sec == "metrics":
+        if sec in skip or sec in ("metrics", "mlm"):  # computed values; MLM arguments without a Bridge path
             continue
         if sec not in sch:
             problems.append(f"{sec}: unknown section (expected one of: {', '.join(sorted(sch))})")
