@@ -69,6 +69,8 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
     cfg = _load(fix_path)
     snap = _snapshot(fix_path)
     launch_cmd = launch_cmd or st.get("launch-cmd")
+    if relaunch and not ((launcher_kind or st.get("launcher")) and launch_cmd):
+        raise click.ClickException(ST.HOWTO)
     world_size = world_size or st.get("world-size") or C.world_from_command(launch_cmd)
     gpu = gpu or st.get("gpu")
     gpu_memory = gpu_memory or st.get("gpu-memory")
@@ -94,7 +96,9 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
         if not plan.causes:
             _err(f"diagnose: preflight of {fix_path}: no problem found", quiet)
     if ctx.world_size:
-        _err(f"diagnose: world size {ctx.world_size}", quiet)
+        _err(f"diagnose: world size {ctx.world_size}" + (" (from the ranks the log shows, rounded up to the layout; "
+                                                          "give --world-size to be sure)" if ctx.world_inferred else ""),
+             quiet)
     text = PL.describe(plan)
     if text:
         _err(text, quiet)

@@ -12,6 +12,7 @@ specific ``refine`` of the CUDA OOM whose config predicate holds).
 """
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from typing import Optional
@@ -70,6 +71,22 @@ def world_from_log(report: Report) -> Optional[int]:
     return max(ranks) + 1 if ranks else None
 
 
+def round_up_world(seen: Optional[int], cfg: Optional[RunConfig]) -> Optional[int]:
+    """The ranks a log shows are a lower bound of the world size (only some ranks print):
+    round up to the next multiple the config's layout allows (TP x PP x CP and EP x ETP x PP)."""
+    if not seen:
+        return None
+    if cfg is None:
+        return seen
+    def g(k):
+        v = cfg.get(f"model.{k}_parallel_size")
+        return int(v) if isinstance(v, int) and v > 0 else 1
+    tp, pp, cp, ep = g("tensor_model"), g("pipeline_model"), g("context"), g("expert_model")
+    etp = g("expert_tensor")
+    step = math.lcm(tp * pp * cp, ep * etp * pp)
+    return -(-seen // step) * step
+
+
 def context_from_report(report: Report, world_size: Optional[int] = None, gpu: Optional[str] = None,
                         gpu_memory_gb: Optional[float] = None) -> Context:
     rc = report.root_cause
@@ -81,7 +98,8 @@ def context_from_report(report: Report, world_size: Optional[int] = None, gpu: O
         if isinstance(w, int) and w > 0:
             ctx.world_size = w
     if ctx.world_size is None:
-        ctx.world_size = world_from_log(report)
+        ctx.world_size = round_up_world(world_from_log(report), report.config)
+        ctx.world_inferred = ctx.world_size is not None
     if rc is not None and rc.finding.signature.category == "cuda_oom":
         cap = caps.get("capacity_size_bytes")
         if cap and ctx.gpu_memory_gb is None and gpu is None:
@@ -158,8 +176,8 @@ def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Optional[
     except NoFix as exc:
         return None, f"memory not checked: {exc}"
     if e.fits:
-        return None, (f"memory: {e.peak_gb:.1f} GB peak per GPU of {e.capacity_gb:.1f} GB fits "
-                      f"(margin {e.margin_gb:.1f} GB)")
+        return None, (f"memory: {PL.gb(e.peak_gb)} peak per GPU of {PL.gb(e.capacity_gb)} fits "
+                      f"(margin {PL.gb(e.margin_gb)})")
     base = db.get(OOM_ID)
     roots = dict(cfg.data)
     best = None
@@ -170,8 +188,8 @@ def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Optional[
     sig = best or db.get(MEMORY_RULE_ID) or base
     if sig is None:
         return None, "the database has no CUDA OOM signature"
-    return sig, (f"memory: {e.peak_gb:.1f} GB peak per GPU does not fit {e.capacity_gb:.1f} GB "
-                 f"(margin {e.margin_gb:.1f} GB) -> planned as {sig.id} {sig.slug}")
+    return sig, (f"memory: {PL.gb(e.peak_gb)} peak per GPU does not fit {PL.gb(e.capacity_gb)} "
+                 f"(margin {PL.gb(e.margin_gb)}) -> planned as {sig.id} {sig.slug}")
 
 
 def plan_preflight(db: Database, cfg: RunConfig, ctx: Context, allow_unsafe: bool = False,

@@ -70,6 +70,7 @@ class Context:
     captures: dict = field(default_factory=dict)  # the root-cause hit's regex captures
     failed_cfg: Optional[RunConfig] = None  # the config of the run that failed (from its log)
     observed_need_gb: Optional[float] = None  # at least this much was needed (OOM line)
+    world_inferred: bool = False  # world_size read from the ranks a log shows (a lower bound, rounded up)
 
 
 @dataclass
@@ -159,6 +160,7 @@ class Refusal:
     fix: Fix
     edits: list
     reason: str
+    effect: Effect = field(default_factory=Effect)
 
 
 @dataclass
@@ -609,7 +611,7 @@ def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Contex
                 continue
             if fix.safety == "unsafe" and not allow_unsafe:
                 if refused is None:
-                    refused = Refusal(sig, fix, edits, reason)
+                    refused = Refusal(sig, fix, edits, reason, _effect(work, changes, ctx, fix.effect))
                 continue
             chosen = PlannedFix(sig, fix, edits, reason, already_applied=not any(e.changes for e in edits))
             chosen.effect = _effect(work, changes, ctx, fix.effect)
@@ -655,6 +657,7 @@ def describe(p: Plan) -> str:
         for e in r.edits:
             if e.changes:
                 lines.append(f"  {e.describe()}")
+        lines.append(f"  predicted: {r.effect.describe()}")
     for sig, why in p.no_fix:
         lines.append(f"no fix known for {sig.id} {sig.slug}: {why}")
     for sig, text in p.advice:
@@ -681,7 +684,11 @@ def to_json(p: Plan) -> dict:
                    "predicted": {"before": est(pf.effect.before), "after": est(pf.effect.after),
                                  "slowdown": pf.effect.slowdown, "text": pf.effect.describe()}}
                   for pf in p.fixes],
-        "refused": [{"signature": r.signature.id, "text": r.fix.text, "reason": r.reason} for r in p.refused],
+        "refused": [{"signature": r.signature.id, "safety": r.fix.safety, "text": r.fix.text, "reason": r.reason,
+                     "edits": [{"key": e.key, "new": None if e.new == DELETE else e.new} for e in r.edits if e.changes],
+                     "predicted": {"before": est(r.effect.before), "after": est(r.effect.after),
+                                   "slowdown": r.effect.slowdown, "text": r.effect.describe()}}
+                    for r in p.refused],
         "no_fix": [{"signature": s.id, "reason": why} for s, why in p.no_fix],
         "overrides": p.overrides,
     }
