@@ -81,9 +81,14 @@ def fix_text(f: Finding, report: Report) -> Optional[str]:
     s = f.signature
     if not s.fixes:
         return None
-    text = s.fixes[0].text.strip()
-    if is_root(report, f) and report.root_cause.overrides:
-        text += "  Overrides: " + " ".join(report.root_cause.overrides)
+    fix = s.fixes[0]
+    overrides = report.root_cause.overrides if is_root(report, f) else []
+    if overrides:  # the fix the root cause's overrides come from (the first that applies to the config)
+        keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+        fix = next((fx for fx in s.fixes if fx.edits and {e.key for e in fx.edits} == keys), fix)
+    text = fix.text.strip()
+    if overrides:
+        text += "  Overrides: " + " ".join(overrides)
     return text
 
 

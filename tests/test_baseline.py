@@ -1,0 +1,95 @@
+"""Baselines: a known finding passes, a new one fails; fingerprints survive reruns."""
+import json
+
+import pytest
+
+from ci_samples import healthy_lines, nccl_error_lines, oom_lines, write
+from diagnose import baseline as BL
+from diagnose.report.fingerprint import normalize_file, normalize_text
+
+
+@pytest.fixture
+def nights(tmp_path):
+    for d in ("n1", "n2", "n3"):
+        (tmp_path / d).mkdir()
+    return tmp_path
+
+
+def test_known_finding_passes_new_finding_fails(nights, run_cli):
+    base = str(nights / "accepted.json")
+    first = write(nights / "n1" / "slurm-1001.out", healthy_lines() + oom_lines(0))
+    code, _, err = run_cli(first, "--write-baseline", base, "--format", "json")
+    assert code == 0  # everything found is now accepted
+    assert "baseline of" in err
+    doc = json.loads(open(base, encoding="utf-8").read())
+    assert doc["diagnose_baseline"] == 1
+    assert {e["signature"] for e in doc["findings"]} >= {"MB-OOM-001", "MB-NCCL-001"}
+    assert all("<n>" in e["file"] for e in doc["findings"])  # the job id is masked
+
+    assert run_cli(first, "--baseline", base, "-q")[0] == 1 - 1  # the same log: nothing new
+    rerun = write(nights / "n2" / "slurm-2417.out", healthy_lines(60) + oom_lines(1))
+    code, _, err = run_cli(rerun, "--baseline", base, "--format", "json")
+    assert code == 0, err  # the same failure on a rerun (other ranks, sizes, times, job id) is known
+    assert "0 at or above --fail-on error not in the baseline" in err
+
+    worse = write(nights / "n3" / "slurm-3000.out", healthy_lines() + oom_lines(2) + nccl_error_lines())
+    code, out, err = run_cli(worse, "--baseline", base, "--format", "json")
+    assert code == 1
+    assert "1 at or above --fail-on error not in the baseline" in err
+    # without the baseline every error fails
+    assert run_cli(worse, "-q")[0] == 1
+
+
+def test_gate_function(db):
+    from diagnose.model import Finding, Hit
+
+    oom, nan7, adv = db.get("MB-OOM-001"), db.get("MB-NAN-007"), db.get("MB-OOM-011")
+    f_oom = Finding(oom, Hit(oom.id, "x.log", 1, oom_lines(0)[3]))
+    f_nan = Finding(nan7, Hit(nan7.id, "x.log", 2, "number of nan iterations:   1"))
+    f_adv = Finding(adv, Hit(adv.id, "x.log", 3, "advice"))
+    g = BL.gate([f_oom, f_nan, f_adv], "error")
+    assert g.failing == [f_oom] and f_nan in g.below and f_adv in g.below
+    g = BL.gate([f_oom, f_nan, f_adv], "info")
+    assert g.failing == [f_oom, f_nan] and g.below == [f_adv]  # advice never fails
+    bl = BL.Baseline({BL.entry(f_oom)["fingerprint"]})
+    g = BL.gate([f_oom, f_nan], "warning", bl)
+    assert g.known == [f_oom] and g.failing == [f_nan] and not g.ok
+
+
+@pytest.mark.parametrize("content,msg", [
+    ("{not json", "invalid JSON"),
+    ('{"findings": []}', "not a diagnose baseline"),
+    ('{"diagnose_baseline": 99, "findings": []}', "version 99"),
+    ('{"diagnose_baseline": 1, "findings": [{"signature": "x"}]}', "no 'fingerprint'"),
+])
+def test_bad_baseline_is_a_usage_error(tmp_path, run_cli, content, msg):
+    bad = tmp_path / "b.json"
+    bad.write_text(content, encoding="utf-8")
+    log = write(tmp_path / "ok.log", healthy_lines(160))
+    code, out, err = run_cli(log, "--baseline", str(bad))
+    assert code == 2 and msg in err and "Traceback" not in err and out == ""
+
+
+def test_missing_baseline_is_a_usage_error(tmp_path, run_cli):
+    code, _, err = run_cli(write(tmp_path / "ok.log", healthy_lines(160)), "--baseline", str(tmp_path / "nope.json"))
+    assert code == 2 and "no such baseline file" in err
+
+
+def test_normalisation_masks_what_reruns_change():
+    a = "[rank3]:[E1128 02:21:14.061727749 ProcessGroupNCCL.cpp:683] [Rank 3] pid=4021 at 0x7f3a2b1c: 2.00 GiB"
+    b = "[rank9]:[E1129 11:05:59.000000001 ProcessGroupNCCL.cpp:683] [Rank 9] pid=77 at 0x7f00aa: 12.5 GiB"
+    assert normalize_text(a) == normalize_text(b)
+    assert normalize_text("CUDA out of memory") != normalize_text("NCCL error")
+    assert normalize_file("logs/2026-11-28/slurm-1234.out") == normalize_file("/x/slurm-99.out") == "slurm-<n>.out"
+    assert normalize_file("train.log") != normalize_file("eval.log")
+
+
+def test_baseline_file_is_stable_and_sorted(tmp_path, db):
+    from diagnose.diagnosis import diagnose_paths
+
+    log = write(tmp_path / "run.log", healthy_lines() + oom_lines(0))
+    rep = diagnose_paths([log], db)
+    a, b = BL.dumps(rep.findings), BL.dumps(list(reversed(rep.findings)))
+    assert a == b
+    n = BL.write(str(tmp_path / "bl.json"), rep.findings)
+    assert n == len(rep.findings) and BL.load(str(tmp_path / "bl.json")).fingerprints
