@@ -25,7 +25,6 @@ from typing import Any, Iterable, Optional
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
-from ruamel.yaml.util import load_yaml_guess_indent
 
 
 class EditError(Exception):
@@ -65,15 +64,35 @@ def snapshot(path: str | os.PathLike) -> Snapshot:
     return Snapshot(p, text, hashlib.sha256(raw).hexdigest())
 
 
+def guess_indent(text: str) -> tuple[int, int]:
+    """(mapping indent, dash offset of block sequences under their key), as the file writes them."""
+    mapping = offset = None
+    prev_indent, prev_is_key = None, False
+    for line in text.splitlines():
+        body = line.lstrip(" ")
+        if not body or body.startswith("#"):
+            continue
+        ind = len(line) - len(body)
+        if prev_is_key and prev_indent is not None and ind > prev_indent or (prev_is_key and body.startswith("- ")):
+            if body.startswith("- ") or body == "-":
+                if offset is None:
+                    offset = ind - prev_indent
+            elif mapping is None:
+                mapping = ind - prev_indent
+        stripped = body.split(" #")[0].rstrip()
+        prev_is_key = stripped.endswith(":") and not body.startswith("- ")
+        prev_indent = ind
+        if mapping is not None and offset is not None:
+            break
+    return mapping or 2, max(offset or 0, 0)
+
+
 def _yaml(text: str) -> tuple[YAML, Any]:
-    try:
-        _, indent, block_seq_indent = load_yaml_guess_indent(text)
-    except YAMLError:
-        indent, block_seq_indent = 2, 0
+    indent, offset = guess_indent(text)
     y = YAML(typ="rt")
     y.preserve_quotes = True
     y.width = 1 << 16  # never re-wrap long lines
-    y.indent(mapping=indent or 2, sequence=(indent or 2) + (block_seq_indent or 0), offset=block_seq_indent or 0)
+    y.indent(mapping=indent, sequence=offset + 2, offset=offset)
     # ruamel writes None as an empty value; Bridge's dumps (PyYAML) and humans write null
     y.representer.add_representer(type(None), lambda r, d: r.represent_scalar("tag:yaml.org,2002:null", "null"))
     try:

@@ -1,0 +1,192 @@
+"""The config writer: ruamel round trip, backups, atomic replace, lock, refusal on a changed file."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diagnose.remedy import edit as E
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
+QWEN = REPO / "fixtures" / "logs" / "seed" / "qwen3_30b_a3b_activation_offload_pp1_oom.yaml"
+RUN1 = REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"
+
+HAND = """\
+# top comment
+_target_: megatron.bridge.training.config.ConfigContainer
+model:
+  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider
+  cpu_offloading: true   # keep me
+  name: 'single-quoted'
+  other: "double-quoted"
+  pipeline_model_parallel_size: 2
+  recompute_granularity: full
+  list_key:
+    - a
+    - b
+optimizer:
+  optimizer_cpu_offload: false
+env_vars: null
+"""
+
+
+def _copy(tmp_path, src: Path, name="cfg.yaml") -> Path:
+    dst = tmp_path / name
+    shutil.copy(src, dst)
+    return dst
+
+
+def test_no_change_is_byte_identical(tmp_path):
+    for src in (TINY, QWEN):
+        p = _copy(tmp_path, src)
+        snap = E.snapshot(p)
+        assert E.render(snap, []) == snap.text
+        assert E.render(snap, [("model.num_layers", yaml.safe_load(snap.text)["model"]["num_layers"])]) == snap.text
+
+
+def test_round_trip_keeps_comments_order_targets_quotes(tmp_path):
+    p = tmp_path / "cfg.yaml"
+    p.write_text(HAND)
+    snap = E.snapshot(p)
+    new = E.render(snap, [("model.cpu_offloading", False), ("model.recompute_granularity", None),
+                          ("optimizer.optimizer_offload_fraction", 0.25),
+                          ("env_vars.PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")])
+    assert "# top comment" in new and "# keep me" in new
+    assert "name: 'single-quoted'" in new and 'other: "double-quoted"' in new
+    assert "_target_: megatron.bridge.models.gpt_provider.GPTModelProvider" in new
+    assert "recompute_granularity: null" in new  # None is written as null, not an empty value
+    assert "    - a\n    - b" in new  # the file's sequence indentation is kept
+    doc = yaml.safe_load(new)
+    assert doc["model"]["cpu_offloading"] is False
+    assert doc["optimizer"]["optimizer_offload_fraction"] == 0.25
+    assert doc["env_vars"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert list(doc["model"]) == list(yaml.safe_load(HAND)["model"])  # key order unchanged
+    # only the edited lines differ
+    diff = E.unified_diff(snap.text, new, "cfg.yaml")
+    changed = [l for l in diff.splitlines() if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+    assert len(changed) == 8, diff
+
+
+def test_new_key_goes_where_a_sorted_file_has_it(tmp_path):
+    p = _copy(tmp_path, TINY)
+    snap = E.snapshot(p)
+    new = E.render(snap, [("optimizer.overlap_cpu_optimizer_d2h_h2d", True)])
+    keys = list(yaml.safe_load(new)["optimizer"])
+    assert keys == sorted(keys, key=str)
+
+
+def test_delete_and_transformer_nesting(tmp_path):
+    p = tmp_path / "cfg.yaml"
+    p.write_text("model:\n  transformer:\n    cpu_offloading: true\n    num_layers: 4\n  seq_length: 8\n")
+    snap = E.snapshot(p)
+    new = E.render(snap, [("model.cpu_offloading", False), ("model.seq_length", E.DELETE)])
+    doc = yaml.safe_load(new)
+    assert doc["model"]["transformer"]["cpu_offloading"] is False  # edited where it lives
+    assert "cpu_offloading" not in doc["model"] and "seq_length" not in doc["model"]
+
+
+def test_refuses_to_replace_a_section(tmp_path):
+    p = _copy(tmp_path, TINY)
+    with pytest.raises(E.EditError, match="is a section"):
+        E.render(E.snapshot(p), [("model", 1)])
+
+
+def test_write_backup_atomic_and_never_overwrites_old_backups(tmp_path):
+    p = _copy(tmp_path, TINY)
+    original = p.read_text()
+    (tmp_path / "cfg.yaml.bak").write_text("an older backup\n")
+    snap = E.snapshot(p)
+    res = E.write(snap, E.render(snap, [("model.cpu_offloading", False)]))
+    assert res.changed and res.backup == tmp_path / "cfg.yaml.bak.1"
+    assert (tmp_path / "cfg.yaml.bak").read_text() == "an older backup\n"
+    assert res.backup.read_text() == original
+    assert yaml.safe_load(p.read_text())["model"]["cpu_offloading"] is False
+    assert res.diff.startswith("--- a/") and "-  cpu_offloading: true" in res.diff
+    # no temporary file or lock left behind
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["cfg.yaml", "cfg.yaml.bak", "cfg.yaml.bak.1"]
+    snap2 = E.snapshot(p)
+    res2 = E.write(snap2, E.render(snap2, [("model.pipeline_model_parallel_size", 1)]))
+    assert res2.backup == tmp_path / "cfg.yaml.bak.2"
+
+
+def test_refuses_when_the_file_changed_since_the_plan(tmp_path):
+    p = _copy(tmp_path, TINY)
+    snap = E.snapshot(p)
+    new = E.render(snap, [("model.cpu_offloading", False)])
+    p.write_text(p.read_text() + "# edited by hand meanwhile\n")
+    with pytest.raises(E.EditError, match="changed since the fix was planned"):
+        E.write(snap, new)
+    assert p.read_text().endswith("# edited by hand meanwhile\n")
+    assert not list(tmp_path.glob("*.bak*"))
+
+
+def test_lock_against_a_concurrent_fix_and_stale_lock_takeover(tmp_path):
+    p = _copy(tmp_path, TINY)
+    lock = tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        lock.write_text(f"{holder.pid}\n")
+        snap = E.snapshot(p)
+        with pytest.raises(E.EditError, match="being edited by another diagnose --fix"):
+            E.write(snap, E.render(snap, [("model.cpu_offloading", False)]))
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale and is taken over
+    snap = E.snapshot(p)
+    assert E.write(snap, E.render(snap, [("model.cpu_offloading", False)])).changed
+    assert not lock.exists()
+
+
+def test_keeps_file_mode(tmp_path):
+    p = _copy(tmp_path, TINY)
+    os.chmod(p, 0o640)
+    snap = E.snapshot(p)
+    E.write(snap, E.render(snap, [("model.cpu_offloading", False)]))
+    assert (os.stat(p).st_mode & 0o777) == 0o640
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
+                           *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_cli_fix_rewrites_then_second_fix_changes_nothing(tmp_path):
+    p = _copy(tmp_path, TINY)
+    r = _cli(str(RUN1), "--fix", str(p), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "-  cpu_offloading: true" in r.stdout and "+  optimizer_cpu_offload: true" in r.stdout
+    assert "# activation offload: only works at PP=1" in p.read_text()  # comment kept
+    first = p.read_text()
+    assert (tmp_path / "cfg.yaml.bak").read_text() == TINY.read_text()
+    r2 = _cli(str(RUN1), "--fix", str(p), cwd=tmp_path)
+    assert r2.returncode == 0, r2.stderr
+    assert r2.stdout == "" and "already has the fix" in r2.stderr
+    assert p.read_text() == first
+    assert not (tmp_path / "cfg.yaml.bak.1").exists()
+
+
+def test_cli_dry_run_and_overrides_write_nothing(tmp_path):
+    p = _copy(tmp_path, TINY)
+    r = _cli(str(RUN1), "--fix", str(p), "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("--- a/")
+    r = _cli(str(RUN1), "--fix", str(p), "--overrides", cwd=tmp_path)
+    assert r.returncode == 0
+    assert r.stdout.split() == ["model.cpu_offloading=false", "optimizer.optimizer_cpu_offload=true",
+                                "model.cpu_offloading_num_layers=0", "optimizer.optimizer_offload_fraction=0.25"]
+    assert p.read_text() == TINY.read_text() and not list(tmp_path.glob("*.bak*"))
+
+
+def test_cli_bad_config_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    r = _cli(str(RUN1), "--fix", str(bad), cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = _cli(str(RUN1), "--fix", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "no such file" in r.stderr
