@@ -2,17 +2,27 @@
 
 One interface, several engines. An engine is compiled once from the database's line-scope
 signatures (plus the structure parsers' anchors) and then scans byte buffers that hold whole
-lines. It returns, per matching line, the line's byte span and the ids whose anchors occur in it;
-``verify`` then runs each signature's regex on that one decoded line.
+lines. It returns, per matching line, the line's byte span and the keys whose anchors occur in it
+(an occurrence belongs to the line its first byte is on); ``verify`` then runs each signature's
+regex on that one decoded line.
 
-Engines: ``regex`` (pure Python: one ``bytes.find`` sweep per distinct anchor key, C speed) and
-``hyperscan`` (optional extra: all anchors in one pass). ``best_engine()`` picks hyperscan when it
-is installed. Both must give identical results (tests/test_engines.py).
+Engines (``available_engines()``; ``make_engine(name=None)`` picks the fastest one installed):
+
+* ``regex``: pure Python. Sweeping the buffer once per anchor with ``bytes.find`` costs about
+  1.3 GB/s per anchor, i.e. ~10 MB/s for 140 anchors, so on large buffers the engine plans its
+  sweeps from a sample of the data: each anchor is reached through its rarest byte, found with
+  ``memchr`` (``bytes.find`` of one byte, many GB/s) and confirmed with ``startswith`` at that
+  offset; anchors whose rarest byte is common in this log keep their own ``bytes.find`` sweep.
+  The plan changes speed only, never results.
+* ``hyperscan`` (optional extra ``diagnose[fast]``): all anchors compiled as literals into one
+  Hyperscan database, one pass per buffer (``hyperscan_engine.py``).
+
+Both give identical results (tests/test_engines.py).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Iterable, Optional
 
 import regex
@@ -32,40 +42,154 @@ class Engine(ABC):
                 b = lit.encode("utf-8")
                 if key not in self.by_literal[b]:
                     self.by_literal[b].append(key)
+        self.by_literal = dict(self.by_literal)
+        self.keys_of = {lit: tuple(keys) for lit, keys in self.by_literal.items()}
 
     @abstractmethod
     def find(self, buf: bytes) -> Iterable[tuple[int, bytes]]:
         """Yield (offset, literal) for every occurrence of every anchor literal in ``buf``."""
 
     def scan(self, buf: bytes) -> list[tuple[int, int, set]]:
-        """Lines of ``buf`` containing an anchor: sorted [(line_start, line_end, {keys})]."""
-        lines: dict[int, list] = {}
-        rfind, find = buf.rfind, buf.find
-        for off, lit in self.find(buf):
-            start = rfind(b"\n", 0, off) + 1
-            entry = lines.get(start)
-            if entry is None:
-                end = find(b"\n", off)
-                if end < 0:
-                    end = len(buf)
-                entry = lines[start] = [end, set()]
-            entry[1].update(self.by_literal[lit])
-        return [(s, e[0], e[1]) for s, e in sorted(lines.items())]
+        """Lines of ``buf`` containing an anchor: sorted [(line_start, line_end, {keys})].
+
+        An occurrence belongs to the line its first byte is on (``line_end`` is the offset of
+        that line's newline, or ``len(buf)``).
+        """
+        occ = self.find(buf)
+        if not isinstance(occ, list):
+            occ = list(occ)
+        if not occ:
+            return []
+        occ.sort()
+        rfind, find, n = buf.rfind, buf.find, len(buf)
+        keys_of = self.keys_of
+        out = []
+        end = -1
+        keys: set = set()
+        for off, lit in occ:
+            if off <= end:  # sorted: the same line as the previous occurrence
+                keys.update(keys_of[lit])
+                continue
+            end = find(b"\n", off)
+            if end < 0:
+                end = n
+            keys = set(keys_of[lit])
+            out.append((rfind(b"\n", 0, off) + 1, end, keys))
+        return out
 
 
 class RegexEngine(Engine):
-    """Pure-Python engine: one C-level ``bytes.find`` sweep per distinct literal."""
+    """Pure-Python engine: C-level ``bytes.find`` sweeps, planned from the data (module docstring)."""
 
     name = "regex"
+    PLAN_MIN = 1 << 20  # buffers smaller than this are swept literal by literal (planning costs more)
+    SAMPLE = 8 << 10  # bytes per sample window
+    WINDOWS = 4
+    # cost model (seconds; measured on one core of the benchmark machine): a bytes.find sweep per
+    # byte of buffer for a needle of 1 byte (memchr), 2-4 bytes, 5+ bytes; one candidate offset
+    # visited in Python; one startswith check
+    C_MEMCHR, C_SHORT, C_FIND = 1 / 9e9, 1 / 0.35e9, 1 / 1.2e9
+    C_CAND, C_CHECK = 0.9e-6, 0.6e-6
+    RARE = 1e-3  # a byte rarer than this (per byte of sample) is a memchr pivot candidate
+
+    def __init__(self, anchors: dict[str, tuple[str, ...]]):
+        super().__init__(anchors)
+        self.plan: Optional[tuple[list, list]] = None
+
+    def make_plan(self, sample: bytes, n: int) -> tuple[list, list]:
+        """([(pivot, width, {pivot..+width: [(literal, offset)]})], [literals swept alone]).
+
+        A greedy weighted set cover: every literal is reached through one pivot, one of its rare
+        bytes (found with memchr) or one of its 6-byte substrings or itself (found with
+        ``bytes.find``). A pivot costs one sweep plus a Python visit of each of its occurrences
+        (counted in ``sample``, scaled to ``n``); at each occurrence a dict of the bytes that
+        follow it picks the literals worth a ``startswith``.
+        """
+        m = max(1, len(sample))
+        freq = [0] * 256
+        for b, c in Counter(sample).items():
+            freq[b] = c
+        scale = n / m
+        counts: dict[bytes, float] = {}
+
+        def occurrences(g: bytes) -> float:
+            c = counts.get(g)
+            if c is None:
+                c = counts[g] = ((freq[g[0]] if len(g) == 1 else sample.count(g)) + 0.5) * scale
+            return c
+
+        def sweep(g: bytes) -> float:
+            return n * (self.C_MEMCHR if len(g) == 1 else self.C_SHORT if len(g) < 5 else self.C_FIND)
+
+        lits = list(self.by_literal)
+        cover: dict[bytes, set] = {}
+        for lit in lits:
+            cover.setdefault(lit, set()).add(lit)
+            for b in set(lit):
+                if freq[b] < self.RARE * m:
+                    cover.setdefault(bytes([b]), set()).add(lit)
+        for lit in lits:
+            for k in range(0, len(lit) - 5):
+                cover.setdefault(lit[k:k + 6], set()).add(lit)
+        # substrings that serve one literal only are never better than the literal itself
+        cover = {g: v for g, v in cover.items() if len(v) > 1 or g in v or len(g) == 1}
+        left = set(lits)
+        groups = []
+        while left:
+            best = None
+            for g, members in cover.items():
+                serve = members & left
+                if not serve:
+                    continue
+                cost = (sweep(g) + occurrences(g) * (self.C_CAND + self.C_CHECK)) / len(serve)
+                if best is None or (cost, g) < best[:2]:
+                    best = (cost, g, serve)
+            left -= best[2]
+            groups.append((best[1], sorted(best[2])))
+        planned, alone = [], []
+        for g, members in sorted(groups):
+            if members == [g]:
+                alone.append(g)
+                continue
+            pairs = [(lit, lit.find(g)) for lit in members]
+            width = min(4, min(len(lit) - k for lit, k in pairs))
+            table: dict[bytes, list] = defaultdict(list)
+            for lit, k in pairs:
+                table[lit[k:k + width]].append((lit, k))
+            planned.append((g, width, dict(table)))
+        return planned, alone
+
+    def _sample(self, buf: bytes) -> bytes:
+        n, w = len(buf), self.SAMPLE
+        if n <= w * self.WINDOWS:
+            return buf
+        step = (n - w) // (self.WINDOWS - 1)
+        return b"".join(buf[i * step:i * step + w] for i in range(self.WINDOWS))
 
     def find(self, buf: bytes):
         find = buf.find
-        for lit in self.by_literal:
+        if len(buf) < self.PLAN_MIN:
+            plan, alone = [], list(self.by_literal)
+        else:
+            if self.plan is None:  # planned once, from the first large buffer
+                self.plan = self.make_plan(self._sample(buf), len(buf))
+            plan, alone = self.plan
+        for lit in alone:
             i = find(lit)
-            n = len(lit)
             while i >= 0:
                 yield i, lit
-                i = find(lit, i + n)
+                i = find(lit, i + 1)
+        startswith = buf.startswith
+        for pivot, width, table in plan:
+            get = table.get
+            i = find(pivot)
+            while i >= 0:
+                members = get(buf[i:i + width])
+                if members:
+                    for lit, k in members:
+                        if i >= k and startswith(lit, i - k):
+                            yield i - k, lit
+                i = find(pivot, i + 1)
 
 
 def available_engines() -> dict[str, type]:

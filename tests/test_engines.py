@@ -1,0 +1,176 @@
+"""Differential tests: the pure-Python and the Hyperscan engine give identical results.
+
+At three levels: the engines' line/key output against a brute-force reference (random buffers,
+literals with newlines and self-overlaps included); whole scans (findings, structure, root
+cause) of every fixture log; and a scan of a generated multi-rank log large enough for the
+regex engine's planned sweeps to be used.
+"""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diagnose.diagnosis import analyze
+from diagnose.logs import structure as S
+from diagnose.match.engine import RegexEngine, available_engines, make_engine
+from diagnose.scan import Scanner
+
+REPO = Path(__file__).resolve().parent.parent
+HAVE_HS = "hyperscan" in available_engines()
+needs_hs = pytest.mark.skipif(not HAVE_HS, reason="hyperscan extra not installed (pip install 'diagnose[fast]')")
+
+ANCHORS = {
+    "A": ("CUDA out of memory", "OutOfMemoryError"),
+    "B": ("Error: ", "Error:\n", "Error\n"),
+    "C": ("aa", "aaa"),  # self-overlapping occurrences
+    "D": ("x\ny",),  # an anchor across a line break belongs to the line it starts on
+    "E": ("Q",),
+    "F": ("CUDA",),  # a prefix of another key's anchor
+}
+
+
+def reference(anchors: dict, buf: bytes) -> list:
+    """Brute force: for every occurrence of every literal, its line; keys per line."""
+    lines: dict = {}
+    for key, lits in anchors.items():
+        for lit in lits:
+            b = lit.encode()
+            i = buf.find(b)
+            while i >= 0:
+                start = buf.rfind(b"\n", 0, i) + 1
+                end = buf.find(b"\n", i)
+                end = len(buf) if end < 0 else end
+                lines.setdefault((start, end), set()).add(key)
+                i = buf.find(b, i + 1)
+    return [(s, e, k) for (s, e), k in sorted(lines.items())]
+
+
+def engines(anchors):
+    out = [RegexEngine(anchors)]
+    planned = RegexEngine(anchors)
+    planned.PLAN_MIN = 0  # force the planned sweeps even on small buffers
+    out.append(planned)
+    if HAVE_HS:
+        out.append(make_engine(anchors, "hyperscan"))
+    return out
+
+
+PIECES = ["CUDA out of memory", "OutOfMemoryError", "Error: ", "Error:", "Error", "\n", "a", "aa", "x", "y",
+          "Q", "CUDA", " ", "NCCL INFO ", "[rank3]: ", "Err", "\u00e9", "\x00"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=60))
+def test_engines_match_brute_force(pieces):
+    buf = "".join(pieces).encode("utf-8")
+    want = reference(ANCHORS, buf)
+    for eng in engines(ANCHORS):
+        assert eng.scan(buf) == want, eng.name
+
+
+def test_planned_sweeps_on_a_large_buffer(db):
+    """The regex engine's plan (rare-byte pivots, shared substrings) against the reference."""
+    from diagnose.scan import Scanner
+
+    sc = Scanner(db, "regex")
+    anchors = sc.engine.anchors
+    rng = random.Random(7)
+    lits = [lit for lits in anchors.values() for lit in lits]
+    filler = [b"node0001:12345:12399 [3] NCCL INFO Channel 03/0 : 3[3] -> 4[4] via P2P/CUMEM/read\n",
+              b" [2026-08-22 15:22:22] iteration 10/100 | lm loss: 1.0E+01 |\n", b"plain text line\n"]
+    parts = []
+    size = 0
+    while size < (2 << 20):
+        p = rng.choice(filler) if rng.random() < 0.97 else (rng.choice(lits).encode() + b" tail\n")
+        parts.append(p)
+        size += len(p)
+    buf = b"".join(parts)
+    eng = RegexEngine(anchors)
+    assert len(buf) >= eng.PLAN_MIN
+    got = eng.scan(buf)
+    assert eng.plan is not None  # the planned path ran
+    assert got == reference(anchors, buf)
+
+
+def _summary(db, sc: Scanner, paths: list) -> dict:
+    res = sc.scan_paths([str(p) for p in paths])
+    report = analyze(db, res)
+    rc = report.root_cause
+    return {
+        "findings": {f.signature.id: (f.count, sorted(f.ranks.items(), key=str), (f.first.file, f.first.line),
+                                      [(h.file, h.line) for h in f.samples]) for f in report.findings},
+        "root": (rc.finding.signature.id, rc.hit.file, rc.hit.line) if rc else None,
+        "iterations": [(p.file, p.line, p.iteration) for p in res.structure.iterations],
+        "memory": [(m["file"], m["line"]) for m in res.structure.memory],
+        "tracebacks": [(t.file, t.line, t.exc_type) for t in res.structure.tracebacks],
+        "exceptions": [e[:4] for e in res.structure.exceptions],
+        "torchrun": [(t.file, t.line, t.rank) for t in res.structure.torchrun],
+        "timers": res.structure.timer_blocks,
+        "lines": res.lines_read,
+        "bytes": res.bytes_read,
+    }
+
+
+def fixture_logs() -> list:
+    root = REPO / "fixtures"
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".txt", ".gz", ".err"))
+
+
+@needs_hs
+def test_same_findings_on_every_fixture_log(db):
+    logs = fixture_logs()
+    assert logs, "no fixture logs found"
+    rx, hs = Scanner(db, "regex"), Scanner(db, "hyperscan")
+    for log in logs:
+        assert _summary(db, rx, [log]) == _summary(db, hs, [log]), log.relative_to(REPO)
+
+
+@needs_hs
+def test_same_findings_on_a_generated_log(db, tmp_path):
+    sys.path.insert(0, str(REPO))
+    try:
+        from bench.gen_log import generate
+    finally:
+        sys.path.remove(str(REPO))
+    log = tmp_path / "big.log"
+    generate(log, 3 << 20, ranks=64, seed=3)
+    rx, hs = Scanner(db, "regex"), Scanner(db, "hyperscan")
+    want = _summary(db, rx, [log])
+    assert want["root"] is not None and want["iterations"]
+    assert want == _summary(db, hs, [log])
+    assert rx.engine.plan is not None  # chunks were large enough for the planned sweeps
+
+
+def test_structure_anchors_are_registered_with_the_engine(db):
+    sc = Scanner(db, "regex")
+    for key in S.ANCHORS:
+        assert key in sc.engine.anchors
+
+
+def test_auto_picks_an_available_engine():
+    eng = make_engine({"k": ("x",)})
+    assert eng.name == ("hyperscan" if HAVE_HS else "regex")
+    with pytest.raises(ValueError):
+        make_engine({"k": ("x",)}, "no-such-engine")
+
+
+@needs_hs
+def test_hyperscan_engine_survives_pickling():
+    import pickle
+
+    eng = make_engine(ANCHORS, "hyperscan")
+    again = pickle.loads(pickle.dumps(eng))
+    buf = b"x\ny CUDA out of memory\nError\n"
+    assert again.scan(buf) == eng.scan(buf) == reference(ANCHORS, buf)
+
+
+def test_empty_anchor_set_and_empty_buffer():
+    for eng in engines({}):
+        assert eng.scan(b"anything\n") == []
+    for eng in engines(ANCHORS):
+        assert eng.scan(b"") == []
