@@ -123,6 +123,7 @@ class RootCause:
     set_aside: list = field(default_factory=list)  # findings explained as consequences
     overrides: list = field(default_factory=list)  # "key=value" strings
     rank_source: Optional[str] = None  # where the rank came from (line / torchrun block)
+    refines: Optional[Finding] = None  # the line finding a refine signature sharpened
 
 
 @dataclass

@@ -136,7 +136,7 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
     set_aside = [f for f in allf if f is not chosen and f.signature.role in ("cascade", "confirmation")]
     return RootCause(finding=finding, hit=hit, confidence="confirmed" if confirmed else "suspected",
                      because=because, set_aside=set_aside, overrides=static_overrides(sig, cfg, roots_map),
-                     rank_source=rank_source)
+                     rank_source=rank_source, refines=chosen if refined is not None else None)
 
 
 def _pick_hit(f: Finding, torchrun: list) -> tuple[Hit, str]:

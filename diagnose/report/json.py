@@ -58,6 +58,7 @@ def report_dict(r: Report) -> dict:
             "set_aside": [{"signature": f.signature.id, "title": f.signature.title, "count": f.count,
                            "ranks": len([k for k in f.ranks if k is not None])} for f in rc.set_aside],
             "references": list(s.references),
+            "refines": rc.refines.signature.id if rc.refines is not None else None,
         }
     st = r.structure
     structure = {}

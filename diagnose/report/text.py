@@ -38,7 +38,8 @@ def render_root(console: Console, r: Report):
     body = Table.grid(padding=(0, 1))
     body.add_column(style="bold", no_wrap=True)
     body.add_column()
-    body.add_row("Signature", f"{s.id} {escape(s.slug)}  [dim]({s.category}, {s.severity}, {rc.confidence})[/]")
+    body.add_row("Signature", f"{s.id} {escape(s.slug)}  [dim]({s.category}, {s.severity}, {rc.confidence})[/]"
+                 + (f"  [dim]refines {rc.refines.signature.id}[/]" if rc.refines is not None else ""))
     body.add_row("Where", f"{escape(where)}  rank {rank}" + (f" [dim](from {rc.rank_source})[/]" if rc.rank_source and rc.rank_source != 'log line' else ""))
     body.add_row("Evidence", Text(rc.hit.text[:600], style="italic"))
     body.add_row("Cause", escape(s.cause))
@@ -61,21 +62,24 @@ def render_root(console: Console, r: Report):
 
 
 def render_findings(console: Console, r: Report):
-    others = [f for f in r.findings if r.root_cause is None or f is not r.root_cause.finding]
+    rc = r.root_cause
+    shown = {id(rc.finding), id(rc.refines)} if rc is not None else set()
+    others = [f for f in r.findings if id(f) not in shown]
     if not others:
         return
-    t = Table(title="Other findings", show_lines=False, expand=True)
+    single = len(r.inputs) <= 1
+    t = Table(title="Other findings", show_lines=False, expand=False)
     t.add_column("Signature", no_wrap=True)
     t.add_column("Sev")
     t.add_column("Role")
-    t.add_column("Title")
+    t.add_column("Title", min_width=30)
     t.add_column("Count", justify="right")
-    t.add_column("Ranks (rank:count)")
-    t.add_column("First at")
+    t.add_column("Ranks")
+    t.add_column("First line" if single else "First at")
     for f in others:
         s = f.signature
         t.add_row(s.id, Text(s.severity, style=_SEV_STYLE.get(s.severity, "")), s.role, escape(s.title),
-                  str(f.count), _ranks(f), escape(f"{f.first.file}:{f.first.line}"))
+                  str(f.count), _ranks(f), escape(str(f.first.line) if single else f"{f.first.file.rsplit('/', 1)[-1]}:{f.first.line}"))
     console.print(t)
 
 
