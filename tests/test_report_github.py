@@ -73,3 +73,12 @@ def test_at_most_ten_annotations_per_level(db, tmp_path):
 def test_escaping():
     assert escape_data("50%\r\nx") == "50%25%0D%0Ax"
     assert escape_property("a:b,c%") == "a%3Ab%2Cc%25"
+
+
+def test_paths_relative_to_the_workspace(tmp_path, run_cli, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
+    (tmp_path / "logs").mkdir()
+    log = write(tmp_path / "logs" / "train.log", healthy_lines() + oom_lines())
+    _, out, _ = run_cli(log, "--format", "github")
+    assert parse(out)[0][1]["file"] == "logs/train.log"

@@ -35,6 +35,16 @@ def command(level: str, message: str, **props) -> str:
     return f"::{level}{' ' + ps if ps else ''}::{escape_data(message[:MAX_MESSAGE])}"
 
 
+def workspace_path(path: str) -> str:
+    """GitHub attaches annotations to paths relative to the repository ($GITHUB_WORKSPACE)."""
+    ws = os.environ.get("GITHUB_WORKSPACE")
+    if ws and os.path.isabs(path):
+        rel = os.path.relpath(path, ws)
+        if not rel.startswith(".."):
+            return rel.replace(os.sep, "/")
+    return path
+
+
 class GithubFormatter(Formatter):
     name = "github"
 
@@ -59,7 +69,8 @@ class GithubFormatter(Formatter):
             for f, st in shown:
                 s = f.signature
                 title = f"{s.id} {s.title}" + (" (known, in baseline)" if st == "baseline" else "")
-                lines.append(command(lvl, ci.message(f, report), file=f.first.file, line=f.first.line, title=title))
+                lines.append(command(lvl, ci.message(f, report), file=workspace_path(f.first.file), line=f.first.line,
+                                    title=title))
             rest = items[len(shown):]
             if rest:
                 names = "\n".join(f"{f.signature.id} {ci.summary_line(f)} at {f.first.file}:{f.first.line}"
