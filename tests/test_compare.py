@@ -133,18 +133,20 @@ def test_text_table_and_terminal_chart(run_cli):
     assert "lm loss (" in out and "iteration time (" in out
     chart = out[out.index("iterations 1..20"):]
     rows = [ln for ln in chart.splitlines() if ln.strip().startswith(("baseline", "run"))]
-    assert len(rows) == 4
+    assert len(rows) == 5  # loss (2), iteration time (2), |loss delta| (1)
+    assert "within the limit" in rows[4]
     base_t, run_t = rows[2].split()[1], rows[3].split()[1]
     assert len(base_t) == len(run_t) == 20
     assert set(run_t) == {"█"} and base_t.count("▁") >= 18  # 3.6x slower, on one shared scale
 
 
-def test_ascii_chart():
+def test_ascii_chart_and_loss_delta_row():
     from diagnose.commands.compare import render_chart
 
-    cmp = C.compare(BASE, str(COMPARE / "bridge_offload50_pass.log"))
+    cmp = C.compare(BASE, str(COMPARE / "bridge_offload50_loss_fail.log"))
     text = render_chart(cmp, ascii_only=True)
     assert text.isascii() and "baseline" in text
+    assert "over the limit at 13 iteration(s) from 8" in text
 
 
 def test_plot_png(run_cli, tmp_path):

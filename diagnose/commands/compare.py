@@ -77,6 +77,18 @@ def render_chart(cmp: Comparison, width: int = 60, ascii_only: bool = False) -> 
             present = [v for v in r if v is not None]
             last = f"{present[-1]:.4g}{unit}" if present else "-"
             lines.append(f"  {label:<8} {sparkline(r, vmin, vmax, levels)}  last {last}")
+    common = {i: (abs(cmp.run.points[i][0] - cmp.baseline.points[i][0]), None)
+              for i in set(cmp.baseline.points) & set(cmp.run.points)
+              if cmp.baseline.points[i][0] is not None and cmp.run.points[i][0] is not None
+              and math.isfinite(cmp.baseline.points[i][0]) and math.isfinite(cmp.run.points[i][0])}
+    if common:
+        worst = max(v[0] for v in common.values())
+        top = max(worst, 2 * cmp.max_loss_delta)
+        over = sorted(i for i, v in common.items() if v[0] >= cmp.max_loss_delta)
+        lines.append(f"|loss delta| (0..{top:.3g}; limit {cmp.max_loss_delta:g} at "
+                     f"{sparkline([cmp.max_loss_delta], 0.0, top, levels)})")
+        tail = f"over the limit at {len(over)} iteration(s) from {over[0]}" if over else "within the limit"
+        lines.append(f"  {'run':<8} {sparkline(_buckets(common, 0, lo, hi, width), 0.0, top, levels)}  {tail}")
     return "\n".join(lines) + "\n"
 
 
@@ -115,7 +127,9 @@ def plot_png(cmp: Comparison, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise click.ClickException("--plot needs matplotlib: pip install 'diagnose[plot]'") from None
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (ax1, axd, ax2) = plt.subplots(3, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 1.4, 3]})
     for side, style in ((cmp.baseline, "-"), (cmp.run, "--")):
         its = sorted(side.points)
         loss = [(i, side.points[i][0]) for i in its if side.points[i][0] is not None]
@@ -125,12 +139,24 @@ def plot_png(cmp: Comparison, path: str) -> None:
             ax1.plot([a for a, _ in loss], [b for _, b in loss], style, marker=".", label=label)
         if ms:
             ax2.plot([a for a, _ in ms], [b for _, b in ms], style, marker=".", label=label)
+    common = sorted(i for i in set(cmp.baseline.points) & set(cmp.run.points)
+                    if cmp.baseline.points[i][0] is not None and cmp.run.points[i][0] is not None)
+    if common:
+        axd.plot(common, [cmp.run.points[i][0] - cmp.baseline.points[i][0] for i in common], "k.-", label="run - baseline")
+    for y in (cmp.max_loss_delta, -cmp.max_loss_delta):
+        axd.axhline(y, color="red", linestyle=":", linewidth=1)
+    axd.set_ylabel("loss delta")
+    speed = next((c for c in cmp.criteria if c.name == "speed"), None)
+    if speed is not None and isinstance(speed.expected, float) and cmp.baseline.iter_ms:
+        ax2.axhline(cmp.baseline.iter_ms * speed.expected, color="gray", linestyle=":",
+                    label=f"expected {speed.expected:.2f}x baseline")
     ax1.set_ylabel(cmp.baseline.loss_key or "loss")
     ax2.set_ylabel("elapsed time per iteration (ms)")
     ax2.set_xlabel("iteration")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     status = "  ".join(f"{c.name}: {c.status}" for c in cmp.criteria)
     ax1.set_title(f"{'PASSED' if cmp.passed else 'FAILED'} - {status}", fontsize=9)
-    for ax in (ax1, ax2):
+    for ax in (ax1, axd, ax2):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
