@@ -26,9 +26,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--config", "config_path", type=str, help="The run's config (Bridge run_config.yaml, YAML, or MLM args dump).")
 @click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
               help="Exit 1 when a finding at or above this severity is found (advice never fails).")
-@click.option("--baseline", "baseline_path", type=str,
+@click.option("--baseline", "baseline_path", type=str, metavar="FILE",
               help="Baseline file of accepted findings: exit 1 only on findings not in it.")
-@click.option("--write-baseline", "write_baseline", type=str,
+@click.option("--write-baseline", "write_baseline", type=str, metavar="FILE",
               help="Record the current findings as accepted in FILE (then exit as if gated by it: 0).")
 @click.option("--engine", type=click.Choice(["auto", "regex", "hyperscan"]), default="auto", show_default=True)
 @click.option("--mcore-version", help="Megatron-Core version of the job (default: the newest known).")
