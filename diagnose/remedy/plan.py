@@ -420,19 +420,32 @@ def _fitting(cfg, ctx, changes) -> Optional[Estimate]:
 
 @computed("add_pp")
 def add_pp(cfg, ctx, base):
+    """The smallest PP above the current one that divides the layers, the batch and the world and
+    fits; with optimizer offload on, at the lowest fraction (not below the current) that fits there."""
     world = _world(ctx)
     if cfg.get("model.cpu_offloading") is True and not any(k == "model.cpu_offloading" for k, _ in base):
         raise NoFix("activation offload (model.cpu_offloading) needs PP=1; switch to optimizer offload first")
     lay = layout(cfg, world)
+    offload = cfg.get("optimizer.optimizer_cpu_offload") is True
+    cur = float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0)) if offload else 0.0
     why = []
     for pp in range(lay["pp"] + 1, world + 1):
-        bad = valid_layout(cfg, world, lay["tp"], pp)
-        if bad:
+        if valid_layout(cfg, world, lay["tp"], pp):
             continue
         ch = base + [("model.pipeline_model_parallel_size", pp)]
         e = _est(with_changes(cfg, ch), ctx)
-        if e.fits_with_margin:
-            return ch, f"smallest PP above {lay['pp']} that divides the layers and {world} GPUs and fits: PP{pp} ({gb(e.peak_gb)} of {gb(e.capacity_gb)})"
+        if e.fits:
+            return ch, (f"smallest PP above {lay['pp']} that divides the layers and {world} GPUs and fits: "
+                        f"PP{pp} ({gb(e.peak_gb)} of {gb(e.capacity_gb)})")
+        if offload:
+            try:
+                f, e2 = _lowest_fraction(cfg, ctx, ch, above=cur)
+            except NoFix:
+                why.append(f"PP{pp}: {gb(e.peak_gb)}")
+                continue
+            return ch + [("optimizer.optimizer_offload_fraction", f)], \
+                (f"smallest PP above {lay['pp']} that divides the layers and {world} GPUs and fits: PP{pp}, with "
+                 + _fraction_reason(f, e2, cfg))
         why.append(f"PP{pp}: {gb(e.peak_gb)}")
     raise NoFix("no larger pipeline size fits with the memory model's margin" + (f" ({', '.join(why)})" if why else
                 f" (none divides the layers, the batch and {world} GPUs)"))

@@ -1,0 +1,264 @@
+"""The fix planner: structured and computed fixes, safety, predicted effect; the seed's cases."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diagnose import exitcodes
+from diagnose.config.load import load_config
+from diagnose.config.runconfig import RunConfig
+from diagnose.db import load
+from diagnose.diagnosis import diagnose_paths
+from diagnose.remedy import causes as C
+from diagnose.remedy import plan as PL
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = REPO / "fixtures" / "logs" / "seed"
+TINY = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
+RUN1 = REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"
+QWEN = yaml.safe_load((REPO / "diagnose" / "data" / "models.yaml").read_text())["models"]["qwen3-30b-a3b"]["model"]
+
+
+@pytest.fixture(scope="module")
+def db():
+    return load()
+
+
+def seed_plan(db, case: str, unsafe=False, world=None):
+    log = SEED / f"qwen3_30b_a3b_{case}.log"
+    cfg = load_config(str(SEED / f"qwen3_30b_a3b_{case}.yaml"))
+    report = diagnose_paths([str(log)], db, cfg)
+    ctx = C.context_from_report(report, world)
+    return report, PL.plan(C.from_report(report), report.config, ctx, unsafe), ctx
+
+
+def edits(p: PL.Plan) -> dict:
+    return {e.key: e.new for e in p.edits}
+
+
+def test_slowdown_curve_is_the_seeds_measurement():
+    assert [PL.slowdown(f) for f in (0, 0.25, 0.5, 0.75, 1.0)] == [1.0, 1.9, 2.5, 3.2, 4.2]
+    assert PL.slowdown(1.0, overlap=True) == 3.9
+    assert PL.slowdown(0.375) == pytest.approx(2.2)
+
+
+def test_every_computed_fix_in_the_database_is_implemented(db):
+    names = {f.compute for s in db.signatures for f in s.fixes if f.compute}
+    assert names, "the database names computed fixes"
+    assert names <= set(PL.COMPUTED), f"not implemented: {sorted(names - set(PL.COMPUTED))}"
+    for n in ("offload_layers_in_range", "switch_to_optimizer_offload", "pp_and_optimizer_offload",
+              "raise_offload_fraction", "add_pp", "lowest_fitting_offload_fraction", "divisor_pp"):
+        assert n in PL.COMPUTED
+
+
+def test_unknown_computed_fix_says_no_fix_known(db):
+    from dataclasses import replace
+
+    sig = db.get("MB-OFF-001")
+    odd = replace(sig, fixes=(replace(sig.fixes[0], compute="no_such_fix"),))
+    p = PL.plan([odd], RunConfig({"model": {"cpu_offloading": True, "num_layers": 4, "cpu_offloading_num_layers": 4}}))
+    assert p.status == "no_fix" and not p.edits
+    assert "no fix known" in p.no_fix[0][1] and "no_such_fix" in p.no_fix[0][1]
+
+
+def test_seed_activation_offload_pp1_oom(db):
+    report, p, ctx = seed_plan(db, "activation_offload_pp1_oom")
+    assert report.root_cause.finding.signature.id == "MB-OFF-101"
+    assert ctx.world_size == 16
+    # the only fix changes the parallel layout: refused without --unsafe-fixes
+    assert p.status == "unsafe" and not p.edits and p.refused[0].signature.id == "MB-OFF-101"
+    _, p, _ = seed_plan(db, "activation_offload_pp1_oom", unsafe=True)
+    e = edits(p)
+    assert e["model.cpu_offloading"] is False and e["optimizer.optimizer_cpu_offload"] is True
+    pp, f = e["model.pipeline_model_parallel_size"], e["optimizer.optimizer_offload_fraction"]
+    # the smallest PP that divides 48 layers and 16 GPUs (TP2: PP in 2, 4, 8) ...
+    assert pp == 2 and 48 % pp == 0 and 16 % (2 * pp) == 0
+    eff = p.fixes[0].effect
+    assert eff.before is not None and not eff.before.fits and eff.after.fits
+    assert eff.after.peak_gb < eff.before.peak_gb
+    assert eff.slowdown == PL.slowdown(f)
+    # ... and the lowest fraction that fits: the next lower one does not (or there is none)
+    lower = [x for x in PL.FRACTIONS if x < f]
+    if lower:
+        cfg = PL.with_changes(report.config, [(k, v) for k, v in e.items() if k != "optimizer.optimizer_offload_fraction"]
+                              + [("optimizer.optimizer_offload_fraction", lower[-1])])
+        assert not PL.estimate(cfg, ctx).fits
+
+
+def test_seed_partial_offload_oom_raises_the_fraction(db):
+    report, p, ctx = seed_plan(db, "partial_optimizer_offload_oom")
+    assert report.root_cause.finding.signature.id == "MB-OFF-102"
+    e = edits(p)
+    assert set(e) == {"optimizer.optimizer_offload_fraction"}
+    f = e["optimizer.optimizer_offload_fraction"]
+    assert f in PL.FRACTIONS and f > 0.25
+    eff = p.fixes[0].effect
+    assert eff.after.fits and eff.after.calibrated  # scaled on what the OOM line says was needed
+    assert eff.before.peak_gb == pytest.approx(ctx.observed_need_gb, rel=0.01)
+    assert eff.slowdown == PL.slowdown(f)
+
+
+def test_seed_fraction_zero_oom_sets_a_fraction_that_fits(db):
+    report, p, _ = seed_plan(db, "offload_fraction_zero_oom")
+    assert report.root_cause.finding.signature.id == "MB-OFF-103"
+    f = edits(p)["optimizer.optimizer_offload_fraction"]
+    assert 0 < f <= 1 and p.fixes[0].effect.after.fits
+
+
+def test_seed_full_offload_slowdown_lowers_the_fraction(db):
+    report, p, _ = seed_plan(db, "full_optimizer_offload_slow")
+    assert report.root_cause.finding.signature.id == "MB-OFF-104"
+    f = edits(p)["optimizer.optimizer_offload_fraction"]
+    assert f < 1.0 and p.fixes[0].effect.slowdown < 4.0 and p.fixes[0].effect.after.fits
+
+
+def test_overlap_when_the_lowest_fitting_fraction_is_already_in_use(db):
+    """A fix the failed run already had did not help: the planner moves on to the next one."""
+    report, _, ctx = seed_plan(db, "full_optimizer_offload_slow")
+    ctx.gpu_memory_gb = 52.0  # only 100% fits on this smaller GPU
+    p = PL.plan(C.from_report(report), report.config, ctx)
+    assert edits(p) == {"optimizer.overlap_cpu_optimizer_d2h_h2d": True}
+    assert p.fixes[0].effect.slowdown == 3.9
+
+
+def qwen(tp=2, pp=2, ep=4, fraction=0.25, offload=True, act=False, seq=4096, gbs=512, mbs=1):
+    m = dict(QWEN, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+             expert_tensor_parallel_size=1, sequence_parallel=tp > 1, cpu_offloading=act, seq_length=seq)
+    return RunConfig({"model": m, "optimizer": {"optimizer_cpu_offload": offload, "optimizer_offload_fraction": fraction,
+                                                "use_distributed_optimizer": True},
+                      "ddp": {"use_distributed_optimizer": True},
+                      "train": {"global_batch_size": gbs, "micro_batch_size": mbs}})
+
+
+def test_partial_offload_else_more_pp(db):
+    sig = db.get("MB-OFF-102")
+    ctx = PL.Context(world_size=16, gpu_memory_gb=45.0)
+    cfg = qwen()
+    p = PL.plan([sig], cfg, ctx)
+    # no fraction fits a 45 GB GPU at PP2; the next fix, more PP, is unsafe
+    assert p.status == "unsafe" and p.refused[0].fix.compute == "add_pp"
+    p = PL.plan([sig], cfg, ctx, allow_unsafe=True)
+    e = edits(p)
+    pp = e["model.pipeline_model_parallel_size"]
+    assert pp > 2 and 48 % pp == 0 and 16 % (2 * pp) == 0 and p.fixes[0].effect.after.fits
+    assert e["optimizer.optimizer_offload_fraction"] > 0.25
+    # at PP2 even 100% did not fit
+    assert not PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_offload_fraction", 1.0)]), ctx).fits
+
+
+def test_layout_checks():
+    cfg = qwen()
+    assert PL.valid_layout(cfg, 16, 2, 2) is None
+    assert "does not divide 48 layers" in PL.valid_layout(cfg, 16, 1, 5) or "divide" in PL.valid_layout(cfg, 16, 1, 5)
+    assert "global batch" in PL.valid_layout(qwen(gbs=6), 16, 2, 2)
+    assert "experts" in PL.valid_layout(cfg, 16, 2, 1, ep=3) or "EP3" in PL.valid_layout(cfg, 16, 2, 1, ep=3)
+
+
+def test_divisor_fixes():
+    ctx = PL.Context(world_size=16, gpu="h200")
+    cfg = qwen(pp=3)  # 48 layers: fine; 16 GPUs: TP2 x PP3 does not divide
+    ch, why = PL.divisor_pp(cfg, ctx, [])
+    assert dict(ch)["model.pipeline_model_parallel_size"] == 2 and "PP2" in why
+    cfg = qwen(tp=3, pp=1)
+    ch, _ = PL.divisor_tp(cfg, ctx, [])
+    assert dict(ch)["model.tensor_model_parallel_size"] == 2  # the nearest below that divides heads and GPUs
+    cfg = qwen(ep=5, pp=1)
+    ch, _ = PL.divisor_ep(cfg, ctx, [])
+    assert dict(ch)["model.expert_model_parallel_size"] == 4
+    with pytest.raises(PL.NoFix, match="world size is unknown"):
+        PL.divisor_pp(cfg, PL.Context(), [])
+
+
+def test_offload_layers_in_range():
+    cfg = RunConfig({"model": {"cpu_offloading": True, "num_layers": 4, "cpu_offloading_num_layers": 4}})
+    ch, _ = PL.offload_layers_in_range(cfg, PL.Context(), [])
+    assert ch == [("model.cpu_offloading_num_layers", 3)]
+    cfg = RunConfig({"model": {"cpu_offloading": True, "num_layers": 4, "cpu_offloading_num_layers": -1}})
+    assert PL.offload_layers_in_range(cfg, PL.Context(), [])[0] == [("model.cpu_offloading_num_layers", 0)]
+
+
+def test_config_validation_fixes(db):
+    cases = {
+        "MB-OFF-003": ({"model": {"cpu_offloading": True, "recompute_granularity": "full"}},
+                       {"model.recompute_granularity": None}),
+        "MB-OFF-004": ({"model": {"cpu_offloading": True, "fine_grained_activation_offloading": True}},
+                       {"model.fine_grained_activation_offloading": False}),
+        "MB-OFF-006": ({"model": {"cpu_offloading": True, "cuda_graph_impl": "transformer_engine"}},
+                       {"model.cuda_graph_impl": "none"}),
+    }
+    for sid, (data, want) in cases.items():
+        p = PL.plan([db.get(sid)], RunConfig(data))
+        got = edits(p)
+        for k, v in want.items():
+            assert got[k] == v, (sid, got)
+        assert all(pf.safety == "safe" for pf in p.fixes)
+
+
+def test_preflight_plan_of_the_tiny_config(db):
+    cfg = load_config(str(TINY))
+    p = C.plan_preflight(db, cfg, PL.Context(world_size=2))
+    assert "MB-OFF-002" in [s.id for s in p.causes]
+    e = edits(p)
+    assert e["model.cpu_offloading"] is False and e["optimizer.optimizer_cpu_offload"] is True
+    assert e["optimizer.optimizer_offload_fraction"] == 0.25
+
+
+def test_preflight_memory_model_plans_the_seed_case(db):
+    """No log: the memory model alone says the PP=1 activation-offload config does not fit."""
+    cfg = load_config(str(SEED / "qwen3_30b_a3b_activation_offload_pp1_oom.yaml"))
+    p = C.plan_preflight(db, cfg, PL.Context(world_size=16), allow_unsafe=True)
+    assert any(s.category == "cuda_oom" or s.id == C.MEMORY_RULE_ID for s in p.causes), p.notes
+    e = edits(p)
+    assert e.get("model.pipeline_model_parallel_size", 1) > 1 and e["model.cpu_offloading"] is False
+    assert p.effect.after.fits
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
+                           *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("case", ["activation_offload_pp1_oom", "partial_optimizer_offload_oom",
+                                  "offload_fraction_zero_oom", "full_optimizer_offload_slow"])
+def test_cli_seed_cases_show_diff_and_predicted_memory(tmp_path, case):
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(SEED / f"qwen3_30b_a3b_{case}.yaml", cfg)
+    args = [str(SEED / f"qwen3_30b_a3b_{case}.log"), "--fix", str(cfg), "--dry-run"]
+    r = _cli(*args, cwd=tmp_path)
+    if case == "activation_offload_pp1_oom":
+        assert r.returncode == exitcodes.UNSAFE_REFUSED, r.stderr
+        assert "--unsafe-fixes" in r.stderr and r.stdout == ""
+        r = _cli(*args, "--unsafe-fixes", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("--- a/") and "+  optimizer_offload_fraction:" in r.stdout
+    assert "predicted: memory per GPU" in r.stderr and " GB of 84.9 GB" in r.stderr
+    assert cfg.read_text() == (SEED / f"qwen3_30b_a3b_{case}.yaml").read_text()  # --dry-run
+
+
+def test_cli_no_fix_known_exit_6(tmp_path):
+    log = tmp_path / "shape.log"
+    log.write_text("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9120.50 GiB. GPU 0 has a "
+                   "total capacity of 79.11 GiB of which 20.00 GiB is free.\n")
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    r = _cli(str(log), "--fix", str(cfg), cwd=tmp_path)
+    assert r.returncode == exitcodes.NO_FIX, r.stderr
+    assert "MB-OOM-010" in r.stderr and cfg.read_text() == TINY.read_text()
+
+
+def test_cli_json_plan(tmp_path):
+    import json
+
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    r = _cli(str(RUN1), "--fix", str(cfg), "--dry-run", "--format", "json", "-q", cwd=tmp_path)
+    doc = json.loads(r.stdout)
+    assert doc["root_cause"]["signature"] == "MB-OFF-002" and doc["plan"]["status"] == "ok"
+    assert doc["plan"]["fixes"][0]["safety"] == "safe" and doc["written"] is False
+    assert doc["plan"]["fixes"][0]["predicted"]["after"]["fits"] is True
