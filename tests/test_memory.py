@@ -1,0 +1,135 @@
+"""The memory model against the seed's measurements (megatron-facts.md §5-6) and its contract."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from diagnose.config import memory as M
+from diagnose.config import schema
+from diagnose.config.load import load_config
+from diagnose.config.overrides import apply_overrides
+from diagnose.config.runconfig import RunConfig
+
+MARCH = "fixtures/configs/qwen3_30b_a3b_tp2_pp2_ep4.yaml"
+# card.yaml measured_results: Qwen3-30B-A3B TP2 PP2 EP4, 16 H100, mem-allocated-gigabytes
+MEASURED = [(None, 47.2), (0.25, 43.4), (0.5, 39.6), (0.75, 35.6), (1.0, 32.0)]
+
+
+@pytest.fixture(scope="module")
+def march(repo):
+    return load_config(str(repo / MARCH), strict=True)
+
+
+def _with(cfg, *ov):
+    return apply_overrides(cfg, list(ov), schema.known)[0]
+
+
+@pytest.mark.parametrize("fraction,measured", MEASURED)
+def test_measured_table_within_5_percent(march, fraction, measured):
+    ov = [] if fraction is None else ["optimizer.optimizer_cpu_offload=true", f"optimizer.optimizer_offload_fraction={fraction}"]
+    est = M.estimate(_with(march, *ov), world_size=16, gpu="h100")
+    assert abs(est.per_gpu_gb - measured) / measured <= 0.05, (fraction, est.per_gpu_gb, measured)
+    assert est.fits  # every measured run completed
+    assert est.peak_gb >= est.per_gpu_gb
+
+
+def test_savings_per_25_percent_and_at_100(march):
+    base = M.estimate(march, world_size=16).per_gpu_gb
+    full = M.estimate(_with(march, "optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=1.0"),
+                      world_size=16).per_gpu_gb
+    quarter = M.estimate(_with(march, "optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=0.25"),
+                         world_size=16).per_gpu_gb
+    assert base - full == pytest.approx(15.3, abs=0.8)  # card: -15.3 GB at 100%
+    assert base - quarter == pytest.approx(3.8, abs=0.3)  # docs: 3.8 GB saved per 25%
+
+
+def test_activation_offload_24_layers_pp1_does_not_fit(march, repo):
+    cfg = load_config(str(repo / "fixtures/configs/qwen3_30b_a3b_activation_offload_24_pp1.yaml"), strict=True)
+    est = M.estimate(cfg, world_size=16, gpu="h100")
+    assert not est.fits
+    assert est.peak_gb + est.margin_gb > est.capacity_gb
+    # it died at 70.3 GB allocated: the steady state alone is already about there
+    assert est.per_gpu_gb == pytest.approx(70.3, rel=0.05)
+
+
+def test_fraction_zero_saves_nothing_and_out_of_range_is_clamped(march):
+    base = M.estimate(march, world_size=16)
+    zero = M.estimate(_with(march, "optimizer.optimizer_cpu_offload=true"), world_size=16)
+    over = M.estimate(_with(march, "optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=1.5"), world_size=16)
+    full = M.estimate(_with(march, "optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=1.0"), world_size=16)
+    assert zero.per_gpu_gb == pytest.approx(base.per_gpu_gb) and zero.host_gb == 0
+    assert over.per_gpu_gb == pytest.approx(full.per_gpu_gb)
+
+
+def test_host_memory_is_16_bytes_per_offloaded_sharded_param(march):
+    est = M.estimate(_with(march, "optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=1.0"),
+                     world_size=16, gpus_per_node=8)
+    # expert params/GPU ≈ 3.62 B sharded over expert-DP 2, dense ≈ 0.39 B over DP 4 -> ≈ 1.91 B x 16 B x 8 GPUs
+    assert est.host_gb == pytest.approx(1.91 * 16 * 8, rel=0.03)
+    half = M.estimate(_with(march, "optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=0.5"),
+                      world_size=16, gpus_per_node=8)
+    assert half.host_gb == pytest.approx(est.host_gb / 2)
+
+
+def test_distributed_optimizer_bytes(march):
+    no = M.estimate(_with(march, "optimizer.use_distributed_optimizer=false", "ddp.use_distributed_optimizer=false"),
+                    world_size=16)
+    yes = M.estimate(march, world_size=16)
+    params = no.breakdown["weights"] / 2
+    assert (no.per_gpu_gb / params) == pytest.approx(18.0)  # 2 + 4 + 12
+    assert yes.per_gpu_gb < no.per_gpu_gb
+
+
+@pytest.mark.parametrize("name,billions", [
+    ("qwen3-30b-a3b", 30.5), ("llama3-8b", 8.03), ("llama3-70b", 70.6), ("mixtral-8x7b", 46.7),
+    ("deepseek-v3", 671 + 14), ("qwen3-235b-a22b", 235.1), ("llama3.1-405b", 405.9),
+])
+def test_presets_parameter_counts(name, billions):
+    cfg = RunConfig({"model": dict(M.presets()[name]["model"])})
+    est = M.estimate(cfg)  # TP = PP = EP = 1: the only stage holds every parameter
+    assert est.breakdown["weights"] / 2 == pytest.approx(billions, rel=0.01)
+
+
+def test_tied_embeddings_count_once_at_pp1():
+    base = dict(M.presets()["llama3-8b"]["model"])
+    untied = M.estimate(RunConfig({"model": base})).breakdown["weights"]
+    tied = M.estimate(RunConfig({"model": {**base, "share_embeddings_and_output_weights": True}})).breakdown["weights"]
+    assert untied - tied == pytest.approx(2 * 128256 * 4096 / 1e9, rel=0.01)
+
+
+def test_recompute_sp_and_offload_lower_activations():
+    m = {**M.presets()["llama3-8b"]["model"], "tensor_model_parallel_size": 2}
+    plain = M.estimate(RunConfig({"model": m})).breakdown["activations"]
+    sp = M.estimate(RunConfig({"model": {**m, "sequence_parallel": True}})).breakdown["activations"]
+    full = M.estimate(RunConfig({"model": {**m, "sequence_parallel": True, "recompute_granularity": "full",
+                                           "recompute_method": "uniform", "recompute_num_layers": 1}})).breakdown["activations"]
+    off = M.estimate(RunConfig({"model": {**m, "sequence_parallel": True, "cpu_offloading": True,
+                                          "cpu_offloading_num_layers": 16}})).breakdown["activations"]
+    assert plain > sp > off > full
+
+
+def test_world_size_default_is_smallest_and_said(march):
+    est = M.estimate(march)
+    assert est.world_size == 8  # lcm(TP·PP·CP = 4, ETP·EP·PP = 8)
+    assert any("smallest the layout allows" in n for n in est.notes)
+    with pytest.raises(M.MemoryModelError, match="not divisible"):
+        M.estimate(march, world_size=12)
+
+
+def test_gpu_capacity_and_contract():
+    assert M.gpu_capacity_gb("h100") == pytest.approx(84.94, abs=0.01)
+    assert M.gpu_capacity_gb("H200") > M.gpu_capacity_gb("a100-80") > M.gpu_capacity_gb("a100-40")
+    assert M.gpu_capacity_gb("b200") > 190
+    with pytest.raises(M.MemoryModelError, match="unknown GPU"):
+        M.gpu_capacity_gb("tpu-v5")
+    fields = {f.name for f in dataclasses.fields(M.MemoryEstimate)}
+    assert {"per_gpu_gb", "peak_gb", "capacity_gb", "fits", "host_gb", "breakdown", "world_size", "notes"} <= fields
+    est = M.estimate(RunConfig({"model": dict(M.presets()["llama3-8b"]["model"])}), gpu_memory_gb=500.0)
+    assert est.capacity_gb == 500.0 and est.fits
+    assert {"weights", "grads", "optimizer_gpu", "activations", "margin"} <= set(est.breakdown)
+
+
+def test_missing_shape_is_an_error_not_a_guess():
+    with pytest.raises(M.MemoryModelError, match="model.hidden_size"):
+        M.estimate(RunConfig({"model": {"num_layers": 4}}))
