@@ -1,0 +1,114 @@
+"""Follow mode: lines of a growing log are diagnosed within a second of being written."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from diagnose.db import load
+from diagnose.launch.follow import Follower
+
+REPO = Path(__file__).resolve().parent.parent
+OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity "
+       "of 79.11 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.87 GiB memory in use. "
+       "Of the allocated memory 70.30 GiB is allocated by PyTorch, and 6.12 GiB is reserved by PyTorch but unallocated.")
+ITER = (" [2026-08-22 15:22:{s:02d}] iteration {i:8d}/     100 | consumed samples: {c:12d} | elapsed time per iteration "
+        "(ms): 996.3 | learning rate: 3.000000E-05 | global batch size:  1024 | lm loss: 1.023456E+01 | loss scale: 1.0 | "
+        "number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def _append(path: Path, text: str):
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+
+
+def test_half_written_line_waits_for_its_newline(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("")
+    fol = Follower(log, load())
+    _append(log, OOM[:60])
+    assert fol.poll() == [] and fol.fatal() is None
+    _append(log, OOM[60:] + "\n")
+    found = fol.poll()
+    assert [f.id for f in found] == ["MB-OOM-001", "MB-OOM-011"] or "MB-OOM-001" in [f.id for f in found]
+    assert fol.fatal().id == "MB-OOM-001"
+    assert fol.fatal().first.line == 1 and fol.fatal().first.rank == 3
+
+
+def test_traceback_across_polls_and_report(tmp_path):
+    log = tmp_path / "run.log"
+    _append(log, "".join(ITER.format(s=i, i=i, c=i * 1024) + "\n" for i in range(1, 4)))
+    fol = Follower(log, load())
+    fol.poll()
+    _append(log, "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"train.py\", line 3, in <module>\n")
+    fol.poll()
+    _append(log, "[rank0]: ValueError: Currently there is no support for Pipeline parallelism with CPU offloading\n")
+    fol.poll()
+    assert fol.fatal().id == "MB-OFF-002"
+    rep = fol.report()
+    assert rep.root_cause.finding.signature.id == "MB-OFF-002" and rep.root_cause.hit.line == 6
+    assert len(rep.structure.iterations) == 3 and rep.structure.tracebacks
+
+
+def test_truncated_file_is_read_again(tmp_path):
+    log = tmp_path / "run.log"
+    _append(log, OOM + "\n")
+    fol = Follower(log, load())
+    fol.poll()
+    assert fol.fatal() is not None
+    log.write_text(ITER.format(s=1, i=1, c=1024) + "\n")  # a new run replaced the file
+    fol.poll()
+    assert fol.fatal() is None and fol.offset == log.stat().st_size
+
+
+def test_detected_within_one_second_of_being_written(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("")
+    fol = Follower(log, load())
+    written = {}
+
+    def writer():
+        for i in range(1, 6):
+            _append(log, ITER.format(s=i, i=i, c=i * 1024) + "\n")
+            time.sleep(0.15)
+        written["t"] = time.monotonic()
+        _append(log, OOM + "\n")
+
+    th = threading.Thread(target=writer)
+    th.start()
+    deadline = time.monotonic() + 20
+    while fol.fatal() is None and time.monotonic() < deadline:
+        fol.poll()
+        time.sleep(0.05)
+    th.join()
+    assert fol.fatal() is not None
+    lag = fol.first_fatal_at - written["t"]
+    print(f"fatal line diagnosed {lag * 1000:.0f} ms after it was written")
+    assert 0 <= lag < 1.0
+
+
+def test_cli_follow_prints_findings_live_and_stops_at_the_fatal_line(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
+                             str(log), "--follow", "--format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        time.sleep(3.0)  # let it start and import
+        t_write = time.monotonic()
+        _append(log, OOM + "\n")
+        line = proc.stdout.readline()  # the live line for the first finding
+        lag = time.monotonic() - t_write
+        assert "MB-OOM-001" in line or "MB-OOM-011" in line, line
+        assert lag < 1.0, f"live line after {lag:.2f} s"
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert '"signature": "MB-OOM-001"' in out and "fatal root cause seen" in err
