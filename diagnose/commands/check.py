@@ -220,7 +220,7 @@ def check(config, overrides, fmt, gpu, gpu_memory, world_size, host_memory, gpus
           mcore_version, fail_on, sig_path):
     """Preflight CONFIG (a run_config.yaml, plain YAML, MLM args dump, or a model preset name) with key=value overrides."""
     if gpu and gpu_memory:
-        raise click.UsageError("give --gpu or --gpu-memory, not both")
+        raise click.ClickException("give --gpu or --gpu-memory, not both")
     db = load_db(sig_path)
     versions, vtext = _versions(mcore_version)
     try:

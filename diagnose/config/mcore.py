@@ -192,7 +192,7 @@ def validate(cfg: RunConfig, db: Database, versions: Optional[dict] = None) -> l
         model = {**model, **model["transformer"]}
     for stage, klass, section in (("TransformerConfig", TransformerConfig, model),
                                   ("OptimizerConfig", OptimizerConfig, cfg.get("optimizer"))):
-        if stage == "OptimizerConfig" and not section:
+        if not section:  # nothing to validate (a config with no model / optimizer section)
             continue
         kwargs = _kwargs(klass, section)
         try:

@@ -1,0 +1,208 @@
+"""``diagnose check``: input errors (exit 2), static rules from the database, JSON, exit codes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diagnose.config import rules
+from diagnose.config.load import ConfigError, load_config
+
+CFG = "fixtures/configs"
+MARCH = f"{CFG}/qwen3_30b_a3b_tp2_pp2_ep4.yaml"
+SEED_MINIMAL = ["seed_optimizer_offload_50", "seed_optimizer_offload_100_overlap", "seed_activation_offload_pp1",
+                "seed_weights_offload_pp1", "seed_activations_and_weights_pp1"]
+# one per seed incompatibility: fixture -> (signature id, exit code at --fail-on error)
+INCOMPATIBLE = {
+    "incompat_activation_offload_pp2": ("MB-OFF-002", 1),
+    "incompat_activation_offload_recompute": ("MB-OFF-003", 1),
+    "incompat_activation_offload_fine_grained": ("MB-OFF-004", 1),
+    "incompat_activation_offload_cuda_graphs": ("MB-OFF-006", 1),
+    "incompat_offload_layers_out_of_range": ("MB-OFF-001", 1),
+    "incompat_optimizer_offload_no_distopt": ("MB-OFF-053", 0),
+    "incompat_optimizer_offload_fraction_range": ("MB-OFF-051", 0),
+    "trap_optimizer_offload_fraction_zero": ("MB-OFF-050", 0),
+    "trap_offload_layers_without_switch": ("MB-OFF-052", 0),
+    "qwen3_30b_a3b_activation_offload_24_pp1": ("MB-OFF-055", 1),
+}
+
+
+@pytest.fixture(autouse=True)
+def _cwd(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+
+
+def jcheck(run_cli, *args):
+    code, out, err = run_cli("check", *args, "--format", "json", "--mcore-version", "0.16.1")
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+@pytest.mark.parametrize("name", SEED_MINIMAL)
+def test_seed_minimal_configs_pass(run_cli, name):
+    code, doc, err = jcheck(run_cli, f"{CFG}/{name}.yaml", "--world-size", "16", "--gpu", "h100")
+    assert code == 0, (doc, err)
+    assert doc["findings"] == []
+    assert doc["memory"]["fits"] is True
+
+
+@pytest.mark.parametrize("name", sorted(INCOMPATIBLE))
+def test_each_seed_incompatibility_is_caught(run_cli, name):
+    sid, want = INCOMPATIBLE[name]
+    code, doc, _ = jcheck(run_cli, f"{CFG}/{name}.yaml", "--world-size", "16")
+    assert [f["signature"] for f in doc["findings"]] == [sid]
+    assert code == want
+    code, _, _ = jcheck(run_cli, f"{CFG}/{name}.yaml", "--world-size", "16", "--fail-on", "warning")
+    assert code == 1
+
+
+def test_json_document_shape(run_cli):
+    code, doc, _ = jcheck(run_cli, MARCH, "--world-size", "16", "model.cpu_offloading=true")
+    assert code == 1
+    assert {"findings", "memory", "notes", "schema_version"} <= set(doc)
+    f = doc["findings"][0]
+    assert {"signature", "title", "category", "severity", "evidence", "cause", "fix", "overrides", "source"} <= set(f)
+    assert {"per_gpu_gb", "peak_gb", "capacity_gb", "fits", "host_gb", "breakdown"} <= set(doc["memory"])
+    ids = {x["signature"] for x in doc["findings"]}
+    # the same ids as the runtime errors they prevent: PP and recompute (the March recipe has both)
+    assert {"MB-OFF-002", "MB-OFF-003"} <= ids
+    rec = next(x for x in doc["findings"] if x["signature"] == "MB-OFF-003")
+    assert "model.recompute_granularity=null" in rec["overrides"]
+    assert "model.recompute_granularity = 'full'" in rec["evidence"]
+
+
+def test_measured_row_through_the_cli(run_cli):
+    code, doc, _ = jcheck(run_cli, MARCH, "--world-size", "16", "optimizer.optimizer_cpu_offload=true",
+                          "optimizer.optimizer_offload_fraction=0.5")
+    assert code == 0
+    assert doc["memory"]["per_gpu_gb"] == pytest.approx(39.6, rel=0.05)
+    assert doc["memory"]["host_gb"] > 0
+
+
+def test_host_memory_rule(run_cli):
+    args = [MARCH, "--world-size", "16", "optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=1.0"]
+    code, doc, _ = jcheck(run_cli, *args, "--host-memory", "128")
+    assert code == 1 and [f["signature"] for f in doc["findings"]] == ["MB-OFF-054"]
+    assert doc["memory"]["host_gb"] > 128
+    code, doc, _ = jcheck(run_cli, *args, "--host-memory", "2000")
+    assert code == 0 and doc["findings"] == []
+    code, doc, _ = jcheck(run_cli, *args)
+    assert code == 0 and any("--host-memory" in n for n in doc["notes"])
+
+
+def test_does_not_fit_on_a_smaller_gpu(run_cli):
+    code, doc, _ = jcheck(run_cli, MARCH, "--world-size", "16", "--gpu", "a100-40")
+    assert code == 1 and [f["signature"] for f in doc["findings"]] == ["MB-OFF-055"]
+    code, doc, _ = jcheck(run_cli, MARCH, "--world-size", "16", "--gpu-memory", "141")
+    assert code == 0 and doc["memory"]["capacity_gb"] == 141
+
+
+def test_world_size_default_is_said(run_cli):
+    code, doc, _ = jcheck(run_cli, MARCH)
+    assert doc["memory"]["world_size"] == 8
+    assert any("smallest the layout allows" in n for n in doc["memory"]["notes"])
+
+
+def test_version_aware_cuda_graph_rule(run_cli):
+    args = [f"{CFG}/seed_activation_offload_pp1.yaml", "model.cuda_graph_impl=full_iteration", "--format", "json"]
+    code, out, _ = run_cli("check", *args, "--mcore-version", "0.16.1")
+    assert "MB-OFF-006" in {f["signature"] for f in json.loads(out)["findings"]}
+    code, out, _ = run_cli("check", *args, "--mcore-version", "0.19.2")
+    ids = {f["signature"] for f in json.loads(out)["findings"]}
+    assert not ids & {"MB-OFF-006", "MB-OFF-007"}  # full_iteration is allowed from MCore 0.18
+    code, out, _ = run_cli("check", f"{CFG}/incompat_activation_offload_cuda_graphs.yaml", "--format", "json",
+                           "--mcore-version", "0.19.2")
+    assert "MB-OFF-007" in {f["signature"] for f in json.loads(out)["findings"]} and code == 1
+
+
+def test_rules_come_from_the_database(db):
+    sigs = rules.rule_signatures(db, {"megatron-core": "0.16.1"})
+    ids = {s.id for s in sigs}
+    want = {s.id for s in db.signatures if s.confirm_when and (s.preflight or s.scope == "config")
+            and not (s.applies.get("megatron-core", "").startswith(">=0.18"))}
+    assert want <= ids
+    assert {"MB-OFF-001", "MB-OFF-002", "MB-OFF-003", "MB-OFF-004", "MB-OFF-006", "MB-OFF-050", "MB-OFF-051",
+            "MB-OFF-052", "MB-OFF-053", "MB-OFF-054", "MB-OFF-055"} <= ids
+    assert "MB-OFF-007" not in ids and "MB-OFF-005" not in ids  # MCore >= 0.18 only
+    assert "MB-OFF-007" in {s.id for s in rules.rule_signatures(db, {"megatron-core": "0.19.2"})}
+
+
+def test_config_rules_from_other_families_fire_too(run_cli):
+    code, doc, _ = jcheck(run_cli, MARCH, "--world-size", "16", "model.tensor_model_parallel_size=1")
+    # SP without TP: a config-validation signature (signatures/config.yaml), not an offload one
+    assert code == 1
+    assert any(f["signature"] and f["signature"].startswith("MB-CFG") for f in doc["findings"])
+
+
+def test_text_output_has_table_and_verdict(run_cli):
+    code, out, _ = run_cli("check", f"{CFG}/qwen3_30b_a3b_activation_offload_24_pp1.yaml", "--world-size", "16")
+    assert code == 1
+    assert "MB-OFF-055" in out and "does NOT fit" in out and "steady state" in out
+    code, out, _ = run_cli("check", MARCH, "--world-size", "16")
+    assert code == 0 and "passes the static checks" in out and "fits" in out
+
+
+def test_preset_as_config(run_cli):
+    code, doc, _ = jcheck(run_cli, "llama3-8b", "model.tensor_model_parallel_size=8", "+optimizer.use_distributed_optimizer=true",
+                          "--world-size", "64", "--gpu", "h100")
+    assert doc["memory"]["world_size"] == 64
+    assert any("llama3-8b preset" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["nosuch.yaml"], "no such file"),
+    (["not-a-preset"], "not a model preset"),
+    ([MARCH, "model.nosuch=1"], "could not override 'model.nosuch'"),
+    ([MARCH, "model.tensor_model_parallel_size=two"], "model.tensor_model_parallel_size: expected an integer"),
+    ([MARCH, "model.sequence_parallel=3"], "model.sequence_parallel: expected a boolean"),
+    ([MARCH, "--gpu", "tpu"], "unknown GPU"),
+    ([MARCH, "--world-size", "12"], "not divisible"),
+    ([MARCH, "--gpu", "h100", "--gpu-memory", "80"], "not both"),
+])
+def test_bad_input_exits_2_with_one_line(run_cli, args, message):
+    code, out, err = run_cli("check", *args)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_bad_yaml_unknown_key_wrong_type_in_file(run_cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  num_layers: [1\n")
+    code, _, err = run_cli("check", str(bad))
+    assert code == 2 and "invalid YAML (line" in err
+    bad.write_text("model:\n  num_layers: 4\n  cpu_ofloading: true\n")
+    code, _, err = run_cli("check", str(bad))
+    assert code == 2 and "model.cpu_ofloading: unknown key" in err
+    bad.write_text("model:\n  num_layers: four\noptimizer:\n  optimizer_offload_fraction: half\n")
+    code, _, err = run_cli("check", str(bad))
+    assert code == 2 and "model.num_layers: expected an integer" in err and "1 more problem" in err
+    bad.write_text("modle:\n  num_layers: 4\n")
+    code, _, err = run_cli("check", str(bad))
+    assert code == 2 and "modle: unknown section" in err
+
+
+def test_strict_load_keeps_the_api(repo):
+    cfg = load_config(str(repo / MARCH))
+    assert cfg.get("model.tensor_model_parallel_size") == 2
+    with pytest.raises(ConfigError):
+        import tempfile, os
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+            fh.write("model:\n  bogus: 1\n")
+        try:
+            load_config(fh.name, strict=True)
+        finally:
+            os.unlink(fh.name)
+
+
+def test_plain_yaml_with_sections_and_preset_shapes(run_cli, tmp_path):
+    p = tmp_path / "plain.yaml"
+    p.write_text("model:\n  hf_model_id: Qwen/Qwen3-30B-A3B\n  tensor_model_parallel_size: 2\n"
+                 "  pipeline_model_parallel_size: 2\n  expert_model_parallel_size: 4\n  expert_tensor_parallel_size: 1\n"
+                 "  sequence_parallel: true\n  recompute_granularity: full\n  recompute_method: uniform\n"
+                 "  recompute_num_layers: 1\n  pipeline_dtype: torch.bfloat16\n"
+                 "optimizer:\n  use_distributed_optimizer: true\n  optimizer_cpu_offload: true\n"
+                 "  optimizer_offload_fraction: 0.75\n")
+    code, doc, _ = jcheck(run_cli, str(p), "--world-size", "16")
+    assert code == 0, doc
+    assert doc["memory"]["per_gpu_gb"] == pytest.approx(35.6, rel=0.05)
+    assert any("Qwen/Qwen3-30B-A3B preset" in n for n in doc["notes"])
