@@ -206,3 +206,14 @@ def test_plain_yaml_with_sections_and_preset_shapes(run_cli, tmp_path):
     assert code == 0, doc
     assert doc["memory"]["per_gpu_gb"] == pytest.approx(35.6, rel=0.05)
     assert any("Qwen/Qwen3-30B-A3B preset" in n for n in doc["notes"])
+
+
+def test_mlm_arguments_dump_as_config(run_cli, repo):
+    log = "fixtures/logs/compare/mlm_offload100_slow_fail.log"
+    if not (repo / log).exists():
+        pytest.skip("no MLM arguments fixture")
+    code, doc, _ = jcheck(run_cli, log, "model.vocab_size=32000")
+    assert code == 0
+    assert doc["memory"]["world_size"] == 16 and any("from the job's arguments" in n for n in doc["notes"])
+    code, _, err = run_cli("check", log, "model.num_layers=x")
+    assert code == 2 and "model.num_layers: expected an integer" in err

@@ -72,13 +72,26 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
     cfg, more = apply_overrides(cfg, overrides, lambda k: S.known(k) or k in db_keys)
     notes += more
     added = tuple(getattr(cfg, "added_keys", ()) or ())
-    check_keys(cfg.data, "after overrides" if overrides else (cfg.source or config), skip=added)
+    if "(mlm_args)" in str(cfg.source) or "(bridge_" in str(cfg.source):
+        # recovered from a log and mapped by diagnose itself: check only what the overrides set
+        touched = RunConfig()
+        for text in overrides:
+            key = text.lstrip("+~").split("=", 1)[0]
+            if not text.startswith("~") and cfg.has(key) and key not in added:
+                touched.set(key, cfg.get(key))
+        check_keys(touched.data, "after overrides")
+    else:
+        check_keys(cfg.data, "after overrides" if overrides else (cfg.source or config), skip=added)
     cfg, used, filled = M.fill_from_preset(cfg, preset)
     if filled:
         notes.append(f"from the {used} preset (the config leaves them out): {', '.join(filled)}")
     elif preset and used is None:
         raise ConfigError(f"--model {preset}: not a model preset (presets: {', '.join(sorted(M.presets()))})")
     est = None
+    logged_world = cfg.get("mlm.world_size")
+    if world_size is None and isinstance(logged_world, int) and not isinstance(logged_world, bool) and logged_world > 0:
+        world_size = logged_world
+        notes.append(f"world size {world_size}: from the job's arguments (world_size)")
     try:
         est = M.estimate(cfg, world_size=world_size, gpu=gpu, gpu_memory_gb=gpu_memory, gpus_per_node=gpus_per_node)
     except M.MemoryModelError as exc:
