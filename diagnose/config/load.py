@@ -1,6 +1,7 @@
 """Read a config file into a RunConfig: Bridge run_config.yaml, plain YAML, or an MLM arguments dump."""
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import yaml
@@ -20,6 +21,10 @@ def _construct_mapping(loader, node, deep=False):
     seen = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise ConfigError(f"a key that is a list or mapping (line {key_node.start_mark.line + 1})") from None
         if key in seen:
             raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
         seen[key] = True
@@ -29,6 +34,37 @@ def _construct_mapping(loader, node, deep=False):
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 MAX_CONFIG_BYTES = 32 << 20
+MAX_VALUES = 1_000_000  # values in the document once aliases are expanded (a real config has ~1,000)
+
+
+def _check_expansion(doc, path: str) -> None:
+    """Refuse alias bombs ("billion laughs") and self-referencing aliases before anything walks
+    the document: each distinct node is sized once, so this is linear in the YAML text."""
+    memo: dict = {}
+    active: set = set()
+
+    def size(o) -> int:
+        if not isinstance(o, (dict, list)):
+            return 1
+        k = id(o)
+        if k in memo:
+            return memo[k]
+        if k in active:
+            raise ConfigError(f"{path}: a YAML alias refers to itself (a recursive structure)")
+        active.add(k)
+        total = 1
+        for v in (o.values() if isinstance(o, dict) else o):
+            total += size(v)
+            if total > MAX_VALUES:
+                raise ConfigError(f"{path}: YAML aliases expand to more than {MAX_VALUES:,} values (an alias bomb?)")
+        active.discard(k)
+        memo[k] = total
+        return total
+
+    try:
+        size(doc)
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
 
 
 def load_config(path: str, strict: bool = False) -> RunConfig:
@@ -36,7 +72,10 @@ def load_config(path: str, strict: bool = False) -> RunConfig:
     the wrong type are refused with a ConfigError naming the key's path (config/schema.py)."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_CONFIG_BYTES:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file (a FIFO, socket or device), expected a YAML file")
+        if st.st_size > MAX_CONFIG_BYTES:
             raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a config file")
         text = p.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -62,6 +101,7 @@ def load_config(path: str, strict: bool = False) -> RunConfig:
         raise ConfigError(f"{path}: empty config")
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, optimizer:, ...), got {type(doc).__name__}")
+    _check_expansion(doc, path)
     data = strip_targets(doc)
     if strict:
         check_keys(data, path)

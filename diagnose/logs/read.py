@@ -4,11 +4,18 @@
 (stdin). ``read_chunks(source)`` streams a file, a ``.gz`` (by magic bytes, not by name) or
 stdin as chunks that end on a newline, each with the number of the first line it holds. A line
 longer than ``MAX_LINE`` is cut into pieces so that memory stays bounded whatever the input.
+
+Hostile inputs: a truncated or corrupt ``.gz`` yields everything decompressed before the damage
+(then a note); a named pipe (FIFO) given explicitly is read only if data arrives within
+``DIAGNOSE_FIFO_TIMEOUT`` seconds (default 10), else it is skipped with a note; FIFOs, sockets,
+devices and broken symlinks inside a folder are skipped with a note; a symlink to a folder that
+is already being walked (or to one of its parents) is a loop and skipped.
 """
 from __future__ import annotations
 
 import gzip
 import os
+import select
 import stat
 import sys
 import zlib
@@ -18,6 +25,7 @@ from typing import Iterator, Optional
 
 CHUNK = 8 << 20  # bytes read at a time
 MAX_LINE = 1 << 20  # a line longer than this is split (a 100 MB line without newline is not held whole)
+FIFO_TIMEOUT = 10.0  # seconds to wait for the first data from a named pipe (env DIAGNOSE_FIFO_TIMEOUT)
 
 
 class InputError(Exception):
@@ -63,6 +71,10 @@ def iter_sources(paths, notes: list) -> Iterator[Source]:
 def _walk(root: Path, notes: list) -> Iterator[Source]:
     seen = set()
     stack = [root]
+    try:
+        top = root.resolve()
+    except (OSError, RuntimeError):
+        top = None
     while stack:
         d = stack.pop()
         try:
@@ -70,7 +82,7 @@ def _walk(root: Path, notes: list) -> Iterator[Source]:
         except (OSError, RuntimeError):
             notes.append(f"{d}: cannot resolve (symlink loop?), skipped")
             continue
-        if real in seen:
+        if real in seen or (d is not root and top is not None and real in top.parents):
             notes.append(f"{d}: directory loop, skipped")
             continue
         seen.add(real)
@@ -86,19 +98,117 @@ def _walk(root: Path, notes: list) -> Iterator[Source]:
                     subdirs.append(Path(e.path))
                 elif e.is_file():
                     yield Source(e.path, Path(e.path))
+                elif e.is_symlink() and not os.path.exists(e.path):
+                    notes.append(f"{e.path}: broken symlink, skipped")
+                else:
+                    notes.append(f"{e.path}: not a regular file (FIFO, socket or device), skipped")
             except OSError as exc:
                 notes.append(f"{e.path}: cannot read ({exc.strerror or exc})")
         stack.extend(reversed(subdirs))
 
 
+def fifo_timeout() -> float:
+    try:
+        return max(0.0, float(os.environ.get("DIAGNOSE_FIFO_TIMEOUT", FIFO_TIMEOUT)))
+    except ValueError:
+        return FIFO_TIMEOUT
+
+
+def _open_fifo(path: Path):
+    """A named pipe: never block in open(); wait up to fifo_timeout() for the first data."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        wait = fifo_timeout()
+        if not poller.poll(int(wait * 1000)):
+            raise InputError(f"named pipe (FIFO) sent no data within {wait:g} s (no writer?), skipped; "
+                             "set DIAGNOSE_FIFO_TIMEOUT to wait longer")
+        os.set_blocking(fd, True)
+        return open(fd, "rb")  # noqa: SIM115 - closed by read_chunks
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class _Gunzip:
+    """Incremental gzip reader (multi-member) that keeps the data before a defect.
+
+    ``gzip.GzipFile.read(n)`` drops everything it decompressed in a call that then hits a
+    truncated or corrupt stream. Here the compressed input is fed in small slices, the data
+    decompressed before the defect is returned first and the error is raised by the next
+    ``read``. Output per call is bounded by ``n`` (a gzip bomb streams like a big log).
+    """
+
+    IN = 256 << 10  # compressed bytes read at a time
+    SLICE = 16 << 10  # compressed bytes per decompress call (at most this much is lost at a defect)
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.d = None
+        self.buf, self.pos = b"", 0
+        self.in_member = False
+        self.done = False
+        self.err: Optional[Exception] = None
+
+    def read(self, n: int) -> bytes:
+        out, got = [], 0
+        while got < n and not self.done:
+            if self.pos >= len(self.buf):
+                self.buf, self.pos = self.raw.read(self.IN), 0
+                if not self.buf:
+                    self.done = True
+                    if self.in_member:
+                        try:
+                            out.append(self.d.flush())
+                        except zlib.error:
+                            pass
+                        self.err = EOFError("compressed file ended before the end-of-stream marker was reached")
+                    break
+            if not self.in_member:
+                head = self.buf[self.pos:self.pos + 2]
+                if head == b"\x1f":  # a member's magic split across two reads
+                    self.buf, self.pos = head + self.raw.read(self.IN), 0
+                    head = self.buf[:2]
+                if head[:1] == b"\x00" and self.buf.count(b"\x00", self.pos) == len(self.buf) - self.pos:
+                    self.pos = len(self.buf)  # zero padding after a member
+                    continue
+                if head != b"\x1f\x8b":
+                    self.err = gzip.BadGzipFile("trailing data after the end of the gzip stream")
+                    self.done = True
+                    break
+                self.d = zlib.decompressobj(31)
+                self.in_member = True
+            piece_in = self.buf[self.pos:self.pos + self.SLICE]
+            try:
+                piece = self.d.decompress(piece_in, n - got)
+            except zlib.error as exc:
+                self.err, self.done = exc, True
+                break
+            out.append(piece)
+            got += len(piece)
+            if self.d.eof:
+                self.pos += len(piece_in) - len(self.d.unused_data)
+                self.in_member = False
+            else:
+                self.pos += len(piece_in) - len(self.d.unconsumed_tail)
+        data = b"".join(out)
+        if not data and self.err is not None:
+            err, self.err = self.err, None
+            raise err
+        return data
+
+
 def _open(source: Source):
     if source.path is None:
         raw = sys.stdin.buffer
+    elif stat.S_ISFIFO(os.stat(source.path).st_mode):
+        raw = _open_fifo(source.path)
     else:
         raw = open(source.path, "rb")  # noqa: SIM115 - closed by read_chunks
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     if head == b"\x1f\x8b":
-        return raw, gzip.GzipFile(fileobj=raw, mode="rb")
+        return raw, _Gunzip(raw)
     return raw, raw
 
 
@@ -106,6 +216,9 @@ def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterato
     """Stream ``source`` as chunks of whole lines; read errors end the file with a note."""
     try:
         raw, stream = _open(source)
+    except InputError as exc:
+        notes.append(f"{source.name}: {exc}")
+        return
     except OSError as exc:
         notes.append(f"{source.name}: cannot read ({exc.strerror or exc})")
         return
@@ -118,7 +231,9 @@ def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterato
                 block = stream.read(chunk_size)
             except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
                 kind = "truncated or corrupt gzip" if stream is not raw else "read error"
-                notes.append(f"{source.name}: {kind} after {offset + len(carry)} bytes ({exc}); scanned what was readable")
+                done = offset + len(carry)
+                notes.append(f"{source.name}: {kind} after {done} bytes ({exc}); "
+                             + ("scanned what was readable" if done else "nothing readable"))
                 block = b""
             if not block:
                 break
@@ -131,8 +246,12 @@ def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterato
                 cut = len(data)  # an over-long line: hand it on in pieces
             out, carry = data[:cut], data[cut:]
             yield Chunk(out, line_no, offset)
-            line_no += out.count(b"\n") + (0 if out.endswith(b"\n") else 1)
+            line_no += out.count(b"\n")  # a piece of an over-long line: the next chunk goes on with it
             offset += len(out)
+            if len(carry) >= MAX_LINE:  # the start of an over-long line: hand it on now, hold little
+                yield Chunk(carry, line_no, offset)
+                offset += len(carry)
+                carry = b""
         if carry:
             yield Chunk(carry, line_no, offset)
     finally:

@@ -1,0 +1,414 @@
+"""Hostile logs: the scan never crashes, never hangs, and never drops what it could read.
+
+Each case goes through the real CLI (``diagnose.cli.main``, in-process) or, where the case is
+about the process itself (FIFOs, dropped privileges, peak memory), through a subprocess. The
+rules under test: a clear one-line note per unreadable input, the report covers everything that
+could be read, exit 2 only when nothing could be read, never a traceback.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import pytest
+
+from diagnose.logs import read as R
+
+REPO = Path(__file__).resolve().parent.parent
+
+TRACEBACK = (b"Traceback (most recent call last):\n"
+             b'  File "pretrain_gpt.py", line 12, in <module>\n'
+             b"RuntimeError: hostile input survived\n")
+OOM = (b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+       b"of 79.15 GiB of which 1.02 GiB is free.\n")
+
+
+def _scan(run_cli, *paths, extra=()):
+    """Run the scan with the JSON report; returns (exit code, report dict or None, stderr)."""
+    code, out, err = run_cli(*[str(p) for p in paths], "--format", "json", "-q", *extra)
+    assert "Traceback (most recent call last)" not in err
+    assert "internal error" not in err, err
+    assert code in (0, 1, 2), (code, err)
+    report = json.loads(out) if out.strip() else None
+    if code == 2:
+        assert report is None and "nothing could be read" in err
+    return code, report, err
+
+
+def _ids(report):
+    return {f["signature"] for f in report["findings"]}
+
+
+def _cli_subprocess(args, timeout, env=None, preexec_fn=None):
+    code = "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=str(REPO), env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
+
+
+# ----------------------------------------------------------------------------- content
+
+def test_empty_file_is_read_and_healthy(run_cli, tmp_path):
+    p = tmp_path / "empty.log"
+    p.write_bytes(b"")
+    code, report, _ = _scan(run_cli, p)
+    assert code == 0 and report["inputs"] == [str(p)] and report["findings"] == []
+
+
+def test_binary_file(run_cli, tmp_path):
+    p = tmp_path / "core.bin"
+    p.write_bytes(random.Random(6).randbytes(2_000_000))
+    code, report, _ = _scan(run_cli, p)
+    assert code in (0, 1) and report["inputs"] == [str(p)]
+    assert report["stats"]["bytes"] == 2_000_000 and report["notes"] == []
+
+
+def test_nul_bytes_do_not_hide_a_failure(run_cli, tmp_path):
+    p = tmp_path / "nul.log"
+    p.write_bytes(b"\x00" * 5000 + b"\n" + OOM.replace(b"CUDA", b"\x00CUDA") + b"\x00" * 100)
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1
+    assert any(s.startswith("MB-OOM") for s in _ids(report)), _ids(report)
+    assert all("\x00" not in f["first"]["text"] for f in report["findings"])
+
+
+def test_invalid_utf8(run_cli, tmp_path):
+    p = tmp_path / "latin1.log"
+    p.write_bytes(b"caf\xe9 \xff\xfe\xc3(\n" * 1000 + TRACEBACK + b"\xed\xa0\x80 surrogate\n")
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1 and "MB-GEN-001" in _ids(report)
+    assert report["findings"][0]["first"]["line"] == 1003
+
+
+def test_crlf_line_endings(run_cli, tmp_path):
+    p = tmp_path / "windows.log"
+    p.write_bytes(b"start\r\n" + TRACEBACK.replace(b"\n", b"\r\n"))
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1
+    first = next(f for f in report["findings"] if f["signature"] == "MB-GEN-001")["first"]
+    assert first["text"] == "RuntimeError: hostile input survived" and first["line"] == 4
+
+
+def test_ansi_colour_codes(run_cli, tmp_path):
+    p = tmp_path / "colour.log"
+    p.write_bytes(b"\x1b[1m\x1b[31m" + TRACEBACK.replace(b"RuntimeError", b"\x1b[31mRuntimeError\x1b[0m") + b"\x1b[0m\n")
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1
+    texts = [f["first"]["text"] for f in report["findings"]]
+    assert texts and all("\x1b" not in t for t in texts)
+    assert "RuntimeError: hostile input survived" in texts
+
+
+# ----------------------------------------------------------------------------- gzip
+
+def _gz_log(lines=20_000):
+    body = b"".join(b"iteration line %d of a healthy run\n" % i for i in range(lines)) + TRACEBACK
+    return body, gzip.compress(body + b"".join(b"tail line %d\n" % i for i in range(lines)))
+
+
+def test_truncated_gzip_keeps_what_was_readable(run_cli, tmp_path):
+    body, gz = _gz_log()
+    p = tmp_path / "run.log.gz"
+    p.write_bytes(gz[: int(len(gz) * 0.8)])  # the traceback is in the first half of the stream
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1 and "MB-GEN-001" in _ids(report)
+    (note,) = [n for n in report["notes"] if "gzip" in n]
+    assert "truncated or corrupt gzip after" in note and "scanned what was readable" in note
+    assert "\n" not in note
+
+
+def test_gzip_corrupt_in_the_middle(run_cli, tmp_path):
+    body, gz = _gz_log()
+    bad = bytearray(gz)
+    mid = len(bad) * 3 // 4
+    bad[mid:mid + 64] = bytes(64)  # zeroed block: invalid deflate data
+    p = tmp_path / "run.gz"
+    p.write_bytes(bytes(bad))
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1 and "MB-GEN-001" in _ids(report)
+    assert any("truncated or corrupt gzip" in n for n in report["notes"])
+
+
+def test_gzip_reader_returns_every_byte_before_the_damage(tmp_path):
+    body, gz = _gz_log(50_000)
+    p = tmp_path / "t.gz"
+    p.write_bytes(gz[: len(gz) // 2])
+    notes = []
+    got = b"".join(c.data for c in R.read_chunks(R.Source(str(p), p), notes, chunk_size=1 << 16))
+    full = zlib.decompressobj(31).decompress(gz[: len(gz) // 2])  # what zlib itself can recover
+    assert got == full and len(got) > 0
+    assert len(notes) == 1 and f"after {len(got)} bytes" in notes[0]
+
+
+def test_gzip_corrupt_from_the_start_is_unreadable(run_cli, tmp_path):
+    p = tmp_path / "bad.gz"
+    p.write_bytes(b"\x1f\x8b\x08\x00" + b"\xff" * 300)
+    code, _, err = _scan(run_cli, p)
+    assert code == 2 and "bad.gz: truncated or corrupt gzip after 0 bytes" in err and "nothing readable" in err
+
+
+def test_gzip_multi_member_padding_and_trailing_garbage(run_cli, tmp_path):
+    a, b = b"part one\n", TRACEBACK
+    p = tmp_path / "multi.gz"
+    p.write_bytes(gzip.compress(a) + gzip.compress(b) + b"\x00" * 512)
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1 and "MB-GEN-001" in _ids(report) and report["notes"] == []
+    q = tmp_path / "garbage.gz"
+    q.write_bytes(gzip.compress(a + b) + b"this is not gzip")
+    code, report, _ = _scan(run_cli, q)
+    assert code == 1 and "MB-GEN-001" in _ids(report)
+    assert any("trailing data" in n for n in report["notes"])
+
+
+def test_gzip_bomb_streams_at_bounded_memory(tmp_path):
+    p = tmp_path / "bomb.gz"
+    zeros = bytes(1 << 20)
+    with gzip.open(p, "wb", compresslevel=9) as fh:
+        for _ in range(200):  # 200 MB of NULs, no newline, ~200 kB on disk
+            fh.write(zeros)
+    assert p.stat().st_size < 1 << 20
+    notes = []
+    tracemalloc.start()
+    total = 0
+    try:
+        for c in R.read_chunks(R.Source(str(p), p), notes):
+            total += len(c.data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert total == 200 << 20 and notes == []
+    assert peak < 4 * R.CHUNK, peak
+
+
+# ----------------------------------------------------------------------------- huge lines
+
+def test_huge_line_reader_memory_and_line_numbers(tmp_path):
+    """A 100 MB line without a newline: pieces of bounded size, later line numbers still right."""
+    p = tmp_path / "huge.log"
+    block = b"x" * (1 << 20)
+    with open(p, "wb") as fh:
+        fh.write(b"first\n")
+        for _ in range(100):
+            fh.write(block)
+        fh.write(b"\nafter the long line\nlast line without newline")
+    notes = []
+    tracemalloc.start()
+    chunks = 0
+    where = {}
+    try:
+        for c in R.read_chunks(R.Source(str(p), p), notes):
+            chunks += 1
+            assert len(c.data) <= R.CHUNK + R.MAX_LINE  # a carried partial line (< MAX_LINE) + one read
+            for i, line in enumerate(c.data.split(b"\n")):
+                if line in (b"after the long line", b"last line without newline"):
+                    where[line] = c.first_line + i
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert chunks > 10 and notes == []
+    assert where == {b"after the long line": 3, b"last line without newline": 4}
+    assert peak < 5 * R.CHUNK, peak
+
+
+def test_long_line_split_keeps_line_numbers_small_chunks(tmp_path):
+    p = tmp_path / "long.log"
+    p.write_bytes(b"a\n" + b"y" * (3 * R.MAX_LINE + 17) + b"\n" + TRACEBACK)
+    firsts = []
+    for c in R.read_chunks(R.Source(str(p), p), [], chunk_size=1 << 16):
+        if b"RuntimeError" in c.data:
+            before = c.data[: c.data.index(b"RuntimeError")]
+            firsts.append(c.first_line + before.count(b"\n"))
+    assert firsts == [5]
+
+
+@pytest.mark.slow
+def test_huge_line_cli_peak_memory(tmp_path):
+    """The whole CLI on a 100 MB single-line log: completes, reports it, stays under 400 MB RSS."""
+    p = tmp_path / "huge.log"
+    block = b"z" * (1 << 20)
+    with open(p, "wb") as fh:
+        for _ in range(100):
+            fh.write(block)
+        fh.write(b"\n" + TRACEBACK)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    r = _cli_subprocess([p, "--format", "json", "-q"], timeout=300)
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    report = json.loads(r.stdout)
+    assert report["findings"][0]["first"]["line"] == 4
+    # ru_maxrss of children is the max over all children so far; only meaningful if this one set it
+    if peak_kb > before:
+        assert peak_kb < 400 * 1024, f"peak RSS {peak_kb} kB"
+
+
+# ----------------------------------------------------------------------------- the file system
+
+def test_missing_and_path_inside_a_file(run_cli, tmp_path):
+    f = tmp_path / "run.log"
+    f.write_bytes(TRACEBACK)
+    code, _, err = _scan(run_cli, tmp_path / "nope.log", f / "inside")
+    assert code == 2
+    assert "nope.log: no such file or directory" in err
+    assert "inside: cannot read (Not a directory)" in err
+
+
+def test_unreadable_next_to_readable_reports_both(run_cli, tmp_path):
+    good = tmp_path / "good.log"
+    good.write_bytes(TRACEBACK)
+    code, report, _ = _scan(run_cli, tmp_path / "gone.log", good)
+    assert code == 1 and report["inputs"] == [str(good)]
+    assert report["notes"] == [f"{tmp_path / 'gone.log'}: no such file or directory"]
+
+
+_AS_NOBODY = """
+import os, sys
+from diagnose.cli import main
+warm, args = sys.argv[1], sys.argv[2:]
+main([warm, "--format", "json", "-q", "-o", os.devnull])  # import everything while still root
+os.setgid(65534)
+os.setuid(65534)
+sys.exit(main(args))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "setuid"), reason="needs POSIX setuid")
+def test_permission_denied_in_a_subprocess(tmp_path):
+    """chmod 000 does not stop root, so the scan drops to uid 65534 (nobody) after start-up."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="diagnose-perm-"))
+    try:
+        d.chmod(0o755)
+        secret = d / "secret.log"
+        secret.write_bytes(TRACEBACK)
+        secret.chmod(0o000)
+        good = d / "good.log"
+        good.write_bytes(b"hello\n")
+        good.chmod(0o644)
+        warm = d / "warm.log"
+        warm.write_bytes(TRACEBACK)
+        if os.geteuid() == 0:
+            cmd = [sys.executable, "-c", _AS_NOBODY, str(warm)]
+        else:
+            cmd = [sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+        def run(*args):
+            return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=str(REPO))
+
+        r = run(secret)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines() == [f"diagnose: {secret}: cannot read (Permission denied)",
+                                         "diagnose: nothing could be read"]
+        r = run(secret, good, "--format", "json", "-q")
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["inputs"] == [str(good)]
+        assert report["notes"] == [f"{secret}: cannot read (Permission denied)"]
+    finally:
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+
+
+def test_broken_symlink_and_directory_loops(run_cli, tmp_path):
+    logs = tmp_path / "logs"
+    (logs / "rank0").mkdir(parents=True)
+    (logs / "rank0" / "out.log").write_bytes(TRACEBACK)
+    (logs / "rank0" / "up").symlink_to("..")  # loop to its parent
+    (logs / "rank0" / "self").symlink_to(".")  # loop to itself
+    (logs / "top").symlink_to(tmp_path)  # a parent of the folder given
+    (logs / "dangling.log").symlink_to(tmp_path / "does-not-exist")
+    (tmp_path / "outside.log").write_bytes(OOM)  # must not be reached through "top"
+    code, report, _ = _scan(run_cli, logs)
+    assert code == 1
+    assert report["inputs"] == [str(logs / "rank0" / "out.log")]
+    assert _ids(report) == {"MB-GEN-001"}
+    notes = report["notes"]
+    assert f"{logs / 'dangling.log'}: broken symlink, skipped" in notes
+    assert sum("directory loop, skipped" in n for n in notes) == 3, notes
+
+
+def test_only_a_loop_exits_2(run_cli, tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "again").symlink_to(d)
+    code, _, err = _scan(run_cli, d)
+    assert code == 2 and "directory loop" in err
+
+
+def test_device_files_are_skipped_not_read(run_cli):
+    # /dev/zero would never end and /dev/urandom never ends either: both must be refused at once
+    t = time.monotonic()
+    code, _, err = _scan(run_cli, "/dev/zero", "/dev/null")
+    assert code == 2 and time.monotonic() - t < 10
+    assert "/dev/zero: not a regular file, skipped" in err
+
+
+# ----------------------------------------------------------------------------- FIFOs
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_fifo_inside_a_folder_is_skipped(tmp_path):
+    (tmp_path / "out.log").write_bytes(TRACEBACK)
+    os.mkfifo(tmp_path / "pipe")
+    r = _cli_subprocess([tmp_path, "--format", "json", "-q"], timeout=60)
+    assert r.returncode == 1, r.stderr
+    report = json.loads(r.stdout)
+    assert report["inputs"] == [str(tmp_path / "out.log")]
+    assert report["notes"] == [f"{tmp_path / 'pipe'}: not a regular file (FIFO, socket or device), skipped"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_fifo_without_writer_times_out(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    t = time.monotonic()
+    r = _cli_subprocess([tmp_path / "pipe"], timeout=60, env={"DIAGNOSE_FIFO_TIMEOUT": "1"})
+    assert time.monotonic() - t < 30
+    assert r.returncode == 2, r.stderr
+    assert "pipe: named pipe (FIFO) sent no data within 1 s (no writer?), skipped" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_fifo_with_a_writer_is_read(run_cli, tmp_path, monkeypatch):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("DIAGNOSE_FIFO_TIMEOUT", "20")
+
+    def writer():
+        with open(fifo, "wb") as fh:  # blocks until the scan opens the read end
+            fh.write(b"hello\n")
+            fh.flush()
+            time.sleep(0.2)
+            fh.write(TRACEBACK)
+
+    th = threading.Thread(target=writer, daemon=True)
+    th.start()
+    code, report, _ = _scan(run_cli, fifo)
+    th.join(10)
+    assert code == 1 and "MB-GEN-001" in _ids(report) and report["notes"] == []
+
+
+def test_fifo_timeout_env_is_validated(monkeypatch):
+    monkeypatch.setenv("DIAGNOSE_FIFO_TIMEOUT", "soon")
+    assert R.fifo_timeout() == R.FIFO_TIMEOUT
+    monkeypatch.setenv("DIAGNOSE_FIFO_TIMEOUT", "-3")
+    assert R.fifo_timeout() == 0.0
+
+
+def test_stdin_with_hostile_bytes(tmp_path):
+    data = b"\x00\xff\x1b[31m\r\n" * 1000 + TRACEBACK
+    code = "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", code, "-", "--format", "json", "-q"], input=data,
+                       capture_output=True, timeout=120, cwd=str(REPO))
+    assert r.returncode == 1, r.stderr
+    assert "MB-GEN-001" in {f["signature"] for f in json.loads(r.stdout)["findings"]}
