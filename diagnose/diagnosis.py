@@ -57,9 +57,13 @@ def _config_where(res: ScanResult, given: Optional[RunConfig]) -> tuple:
 def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: Optional[RunConfig] = None,
                    engine: Optional[str] = None, versions: Optional[dict] = None,
                    baseline_ms: Optional[float] = None,
-                   progress: Optional[Callable[[int], None]] = None) -> Report:
+                   progress: Optional[Callable[[int], None]] = None, jobs: Optional[int] = None) -> Report:
+    """Scan ``paths`` and analyze. ``jobs``: processes for many files (None: all cores when several
+    large files are given, 1: serial); the result is the serial scan's either way."""
+    from .parallel import scan_parallel
+
     db = db or load()
-    res = scanner_for(db, engine, versions).scan_paths(list(paths), progress=progress)
+    res = scan_parallel(scanner_for(db, engine, versions), list(paths), jobs, progress=progress)
     return analyze(db, res, config, baseline_ms)
 
 

@@ -80,6 +80,7 @@ class Scanner:
         from .db import applies_to
 
         self.db = db
+        self.engine_name, self.versions = engine, versions  # to build the same scanner in a worker
         self.sigs = {s.id: s for s in db.line_signatures() if applies_to(s, versions or {})}
         anchors = {sid: s.anchors for sid, s in self.sigs.items()}
         anchors.update(S.ANCHORS)

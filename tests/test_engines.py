@@ -174,3 +174,31 @@ def test_empty_anchor_set_and_empty_buffer():
         assert eng.scan(b"anything\n") == []
     for eng in engines(ANCHORS):
         assert eng.scan(b"") == []
+
+
+def test_exported_patterns_match_what_the_engine_matches(run_cli, tmp_path):
+    """``signatures export --patterns``: one escaped pattern per anchor; grep -E and rg accept them all
+    and select exactly the lines that hold an anchor (the line the anchor starts on)."""
+    import shutil
+    import subprocess
+
+    from diagnose import db as DB
+    from diagnose.match.engine import scan_anchors
+
+    code, out, _ = run_cli("signatures", "export", "--patterns")
+    assert code == 0
+    pats = out.splitlines()
+    anchors = scan_anchors(DB.load())
+    lits = sorted({a for v in anchors.values() for a in v})
+    assert len(pats) == len(set(pats)) == len({a.split("\n")[0] + ("$" if "\n" in a else "") for a in lits})
+    pf = tmp_path / "p.txt"
+    pf.write_text(out)
+    lines = [f"x {a}" for a in lits] + ["nothing to see here", "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"]
+    log = tmp_path / "l.log"
+    log.write_text("\n".join(lines) + "\n")
+    for tool in (["grep", "-c", "-E", "-f"], ["rg", "-c", "-f"]):
+        if shutil.which(tool[0]) is None:
+            continue
+        p = subprocess.run(tool + [str(pf), str(log)], capture_output=True, text=True, env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"})
+        assert p.stderr == "", (tool[0], p.stderr[:300])
+        assert int(p.stdout.strip()) == len(lits), tool[0]

@@ -34,6 +34,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--mcore-version", help="Megatron-Core version of the job (default: the newest known).")
 @click.option("--baseline-ms", type=float, help="Baseline iteration time (ms) for slowdown symptoms.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes for many files, one file each (default: every core when several files of "
+                   "16 MB or more in all are given; 1 = serial). The result is the serial scan's.")
 @click.option("--signatures", "sig_path", type=click.Path(file_okay=False), hidden=True)
 @click.option("--fix", "fix_path", type=str, metavar="CFG",
               help="Plan a fix for the root cause (or, with no log, for the config's preflight) and rewrite CFG.")
@@ -54,7 +57,7 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--follow", is_flag=True, help="Follow LOG as it grows; diagnose lines as they arrive; stop at a fatal root cause.")
 def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline, engine, mcore_version, baseline_ms,
          quiet, sig_path, fix_path, dry_run, overrides_mode, unsafe_fixes, relaunch, launcher_kind, launch_cmd,
-         max_attempts, history_path, world_size, gpu, gpu_memory, follow):
+         max_attempts, history_path, world_size, gpu, gpu_memory, follow, jobs):
     """Scan training logs and name the one root cause."""
     if fix_path or follow:
         from .fix import run_fix, run_follow
@@ -86,8 +89,12 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
 
         if engine not in available_engines():
             raise click.UsageError(f"--engine {engine}: not installed here (pip install 'diagnose[fast]')")
-    report = diagnose_paths(paths, db, cfg, None if engine == "auto" else engine, versions_option(mcore_version),
-                            baseline_ms)
+    from ..progress import ScanProgress, total_size
+
+    show = not quiet and sys.stderr.isatty()  # the bar: only on a terminal, after a second
+    with ScanProgress(total_size(paths) if show else None, enabled=show) as bar:
+        report = diagnose_paths(paths, db, cfg, None if engine == "auto" else engine, versions_option(mcore_version),
+                                baseline_ms, progress=bar, jobs=jobs)
     if not report.inputs:
         for n in report.notes:
             click.echo(f"diagnose: {n}", err=True)

@@ -118,3 +118,25 @@ def test(ids, verbose):
     nsig = len({r.sig.id for r in results})
     click.echo(f"{len(results) - len(bad)} passed, {len(bad)} failed ({nsig} signatures)")
     return exitcodes.FINDINGS if bad else exitcodes.OK
+
+
+@signatures.command("export")
+@click.option("--patterns", "what", flag_value="patterns", default=True,
+              help="One pattern per line for grep -E -f / rg -f: every anchor the scan uses, regex-escaped.")
+@click.option("--signatures-only", is_flag=True, help="Leave out the structure parsers' anchors (iteration, timers...).")
+@click.option("--mcore-version", help="Only signatures that apply to this Megatron-Core version (default: all).")
+def export(what, signatures_only, mcore_version):
+    """Export the database for other tools: ``--patterns`` (the default) for grep and ripgrep.
+
+    \b
+      diagnose signatures export --patterns > patterns.txt
+      rg -c -f patterns.txt run.log        grep -c -E -f patterns.txt run.log
+    """
+    from ..match.engine import line_pattern, scan_anchors
+
+    db = load_db()
+    anchors = scan_anchors(db, {"megatron-core": mcore_version} if mcore_version else None,
+                           structure=not signatures_only)
+    pats = sorted({line_pattern(a) for lits in anchors.values() for a in lits})
+    click.echo("\n".join(pats))
+    return exitcodes.OK
