@@ -157,12 +157,18 @@ def test_preset_as_config(run_cli):
     ([MARCH, "--gpu", "tpu"], "unknown GPU"),
     ([MARCH, "--world-size", "12"], "not divisible"),
     ([MARCH, "--gpu", "h100", "--gpu-memory", "80"], "not both"),
+    ([MARCH, "--mcore-version", "latest"], "is not a version"),
 ])
 def test_bad_input_exits_2_with_one_line(run_cli, args, message):
     code, out, err = run_cli("check", *args)
     assert code == 2
     assert message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_option_out_of_range_is_a_usage_error(run_cli):
+    code, _, err = run_cli("check", MARCH, "--world-size", "0")
+    assert code == 2 and "--world-size" in err and "Traceback" not in err
 
 
 def test_bad_yaml_unknown_key_wrong_type_in_file(run_cli, tmp_path):

@@ -31,6 +31,12 @@ def _versions(mcore_version):
     from ..config.mcore import version as installed
 
     if mcore_version:
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            Version(mcore_version)
+        except InvalidVersion:
+            raise click.ClickException(f"--mcore-version {mcore_version!r} is not a version (e.g. 0.16.1)") from None
         return {"megatron-core": mcore_version}, f"megatron-core {mcore_version} (--mcore-version)"
     v = installed()
     if v:
