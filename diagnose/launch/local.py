@@ -78,13 +78,30 @@ class LocalLauncher(Launcher):
             job.handle[1].close()
 
     def _group_alive(self, pgid: int) -> bool:
+        """Is any process of the group still running? Zombies (dead, waiting for their parent
+        or for init to reap them) do not count; without /proc, ask the kernel via killpg."""
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
             return True
-        return True
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return True
+        for e in entries:
+            if not e.isdigit():
+                continue
+            try:
+                with open(f"/proc/{e}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(b")") + 2:].split()
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+        return False
 
     def stop(self, job: Job, grace_s: float = 1.0) -> None:
         proc, _ = job.handle

@@ -218,19 +218,25 @@ class RelaunchLoop:
                 records.append(record)
                 return LoopResult(exitcodes.USAGE, attempt, f"cannot relaunch: {exc}", records)
             record.update(command=job.command, job_id=job.job_id, log=str(self.launcher.log_path(job)))
-            self.echo(f"attempt {attempt}/{self.max_attempts}: started {self.launcher.describe(job)}; "
-                      f"log {self.launcher.log_path(job)}")
             try:
+                self.echo(f"attempt {attempt}/{self.max_attempts}: started {self.launcher.describe(job)}; "
+                          f"log {self.launcher.log_path(job)}")
                 w = watch(self.launcher, job, self.db, self._config(), self.echo, self.poll_s, self.timeout_s)
-            except KeyboardInterrupt:
-                record.update(outcome="interrupted", exit_code=job.exit_code, root_cause=None,
-                              seconds=round(time.time() - job.started, 3))
+            except BaseException as exc:  # Ctrl-C (or a bug): the job must not outlive us
+                if job.ended is None:
+                    try:
+                        self.launcher.stop(job)
+                    except LaunchError:
+                        pass
+                record.update(outcome="interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
+                              exit_code=job.exit_code, root_cause=None,
+                              seconds=round(time.time() - job.started, 3), ended_at=job.ended)
                 self.history.append(record)
                 raise
             ok = healthy(w.report, w.exit_code)
             outcome = "healthy" if ok else ("stopped_early" if w.stopped_early else "failed")
             record.update(outcome=outcome, exit_code=w.exit_code, root_cause=root_json(w.report),
-                          seconds=round(w.seconds, 3),
+                          seconds=round(w.seconds, 3), ended_at=job.ended,
                           detect_to_end_s=None if w.detect_to_end_s is None else round(w.detect_to_end_s, 3))
             self.history.append(record)
             records.append(record)

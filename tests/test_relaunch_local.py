@@ -1,0 +1,180 @@
+"""End to end through the local launcher: real torchrun, real MCore, no mocked launcher.
+
+Run 1 of the tiny GPT job dies in MCore's TransformerConfig with the PP + CPU-offload ValueError;
+``diagnose run1.log --fix cfg.yaml --relaunch --launcher local --launch-cmd ...`` rewrites the
+YAML, relaunches, follows run 2 while it trains, and reports healthy (exit 4).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diagnose import exitcodes
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = REPO / "fixtures" / "jobs" / "train_tiny_gpt.py"
+CFG = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
+OOM = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "
+       "of 79.11 GiB of which 1.23 GiB is free. Of the allocated memory 70.30 GiB is allocated by PyTorch, and "
+       "6.12 GiB is reserved by PyTorch but unallocated.")
+
+pytest.importorskip("megatron.core")
+
+
+def diagnose(*args, cwd, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, **kw)
+
+
+def train_cmd(cfg: str = "cfg.yaml") -> str:
+    return shlex.join(TORCHRUN + [str(JOB), "--config", cfg])
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed grandchild stays a zombie until init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+def history(path: Path) -> list[dict]:
+    return [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def test_run1_fails_then_fix_relaunch_trains(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(CFG, cfg)
+    with open(tmp_path / "run1.log", "wb") as fh:
+        r1 = subprocess.run(shlex.split(train_cmd()), cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT, timeout=300)
+    log1 = (tmp_path / "run1.log").read_text()
+    assert r1.returncode != 0
+    assert "ValueError: Currently there is no support for Pipeline parallelism with CPU offloading" in log1
+
+    r = diagnose("run1.log", "--fix", "cfg.yaml", "--relaunch", "--launcher", "local", "--launch-cmd", train_cmd(),
+                 "--history", "h.jsonl", cwd=tmp_path)
+    assert r.returncode == exitcodes.FIXED_HEALTHY, r.stderr
+    assert "root cause MB-OFF-002" in r.stderr and "the relaunched run is healthy" in r.stderr
+    doc = yaml.safe_load(cfg.read_text())
+    assert doc["model"]["cpu_offloading"] is False and doc["model"]["pipeline_model_parallel_size"] == 2
+    assert doc["optimizer"]["optimizer_cpu_offload"] is True and doc["optimizer"]["optimizer_offload_fraction"] == 0.25
+    assert (tmp_path / "cfg.yaml.bak").read_text() == CFG.read_text()
+    recs = history(tmp_path / "h.jsonl")
+    assert len(recs) == 1
+    rec = recs[0]
+    assert rec["outcome"] == "healthy" and rec["exit_code"] == 0 and rec["root_cause"] is None
+    assert rec["planned_for"] == ["MB-OFF-002"] and "+  optimizer_cpu_offload: true" in rec["diff"]
+    assert rec["command"][-2:] == ["--config", "cfg.yaml"] and rec["job_id"] and rec["time"]
+    log2 = (tmp_path / rec["log"]).read_text()
+    assert log2.count("iteration ") >= 8 and "lm loss:" in log2  # run 2 trained, with PP=2 pipeline stages
+
+
+def test_design_card_form_no_log_settings_and_overrides(tmp_path):
+    """``diagnose --fix cfg.yaml --relaunch``: plan from the preflight, launcher from pyproject.toml;
+    with --overrides the fix travels as Hydra overrides on the command line, the file stays."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(CFG, cfg)
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.diagnose]\nlauncher = \"local\"\n" f"launch-cmd = {json.dumps(train_cmd())}\n"
+        "history = \"runs/history.jsonl\"\nmax-attempts = 2\n")
+    r = diagnose("--fix", "cfg.yaml", "--relaunch", "--overrides", cwd=tmp_path)
+    assert r.returncode == exitcodes.FIXED_HEALTHY, r.stderr
+    assert cfg.read_text() == CFG.read_text()  # untouched: the fix went on the command line
+    rec = history(tmp_path / "runs" / "history.jsonl")[-1]
+    assert rec["outcome"] == "healthy" and rec["planned_for"][0] == "MB-OFF-002"
+    assert "model.cpu_offloading=false" in rec["command"] and "optimizer.optimizer_cpu_offload=true" in rec["command"]
+    log2 = (tmp_path / rec["log"]).read_text()
+    assert "cpu_offloading: false" in log2 and log2.count("iteration ") >= 8
+
+
+def test_no_launcher_configured_says_what_to_add(tmp_path):
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    r = diagnose("--fix", "cfg.yaml", "--relaunch", cwd=tmp_path)
+    assert r.returncode == exitcodes.USAGE
+    assert "[tool.diagnose]" in r.stderr and "launch-cmd" in r.stderr and "Traceback" not in r.stderr
+
+
+def _fake_job(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "job.py"
+    script.write_text(body)
+    return shlex.join([sys.executable, str(script)])
+
+
+def test_same_root_cause_after_its_fix_stops_exit_5(tmp_path):
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    cmd = _fake_job(tmp_path, "import sys\nprint('[rank0]: ValueError: Currently there is no support for Pipeline "
+                              "parallelism with CPU offloading', flush=True)\nsys.exit(1)\n")
+    r = diagnose(str(REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"), "--fix", "cfg.yaml", "--relaunch",
+                 "--launcher", "local", "--launch-cmd", cmd, "--history", "h.jsonl", cwd=tmp_path)
+    assert r.returncode == exitcodes.RELAUNCH_FAILED, r.stderr
+    assert "same root cause MB-OFF-002 came back after its fix" in r.stderr
+    recs = history(tmp_path / "h.jsonl")
+    assert len(recs) == 1 and recs[0]["root_cause"]["signature"] == "MB-OFF-002"
+
+
+def test_early_abort_ends_the_job_within_2_s_of_the_fatal_line(tmp_path):
+    """The job prints a fatal line and hangs (as ranks do until the NCCL watchdog fires): the
+    loop ends its whole process group, grandchildren included, within 2 s of the line."""
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    cmd = _fake_job(tmp_path, f"""import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+open("child.pid", "w").write(str(child.pid))
+for i in range(3):
+    print(f" [2026-08-22 15:22:0{{i}}] iteration {{i + 1:8d}}/     100 | consumed samples: {{i * 4:12d}} | elapsed time per iteration (ms): 996.3 | learning rate: 3.000000E-05 | global batch size:     4 | lm loss: 5.5E+00 |", flush=True)
+    time.sleep(0.3)
+print({OOM!r}, flush=True)
+with open("written.at", "w") as fh:
+    fh.write(repr(time.time()))
+time.sleep(300)
+""")
+    r = diagnose("--fix", "cfg.yaml", "--relaunch", "--launcher", "local", "--launch-cmd", cmd, "--history",
+                 "h.jsonl", "--max-attempts", "1", "--world-size", "2", cwd=tmp_path, timeout=120)
+    assert r.returncode == exitcodes.RELAUNCH_FAILED, r.stderr
+    rec = history(tmp_path / "h.jsonl")[0]
+    assert rec["outcome"] == "stopped_early" and rec["root_cause"]["signature"].startswith(("MB-OOM", "MB-OFF"))
+    gap = rec["ended_at"] - float((tmp_path / "written.at").read_text())
+    print(f"early abort: job ended {gap:.2f} s after the fatal line was written "
+          f"({rec['detect_to_end_s']:.2f} s after diagnose read it)")
+    assert gap < 2.0
+    assert not running(int((tmp_path / "child.pid").read_text()))
+
+
+def test_ctrl_c_ends_the_job_and_leaves_the_history_whole(tmp_path):
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    cmd = _fake_job(tmp_path, "import os, time\nopen('job.pid', 'w').write(str(os.getpid()))\n"
+                              "print('training...', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
+                             "--fix", "cfg.yaml", "--relaunch", "--launcher", "local", "--launch-cmd", cmd,
+                             "--history", "h.jsonl"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "job.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job = int((tmp_path / "job.pid").read_text())
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert not running(job)
+    lines = (tmp_path / "h.jsonl").read_text().splitlines()
+    recs = [json.loads(l) for l in lines]  # every line is whole JSON
+    assert recs[-1]["outcome"] == "interrupted" and recs[-1]["job_id"]
