@@ -60,6 +60,8 @@ def _type_of_value(v) -> str:
 def _type_of_annotation(ann) -> str:
     if isinstance(ann, str):
         a = ann.replace(" ", "")
+        if a.startswith(("Literal[", "typing.Literal[")):
+            return "str" if all(x[:1] in "'\"" for x in a.split("[", 1)[1][:-1].split(",")) else "any"
         for opt in ("Optional[", "Union["):
             if a.startswith(opt):
                 inner = a[len(opt):-1].split(",")
@@ -67,6 +69,9 @@ def _type_of_annotation(ann) -> str:
                 return _type_of_annotation(inner[0]) if len(inner) == 1 else "any"
         return {"bool": "bool", "int": "int", "float": "float", "str": "str"}.get(a, "any")
     origin = typing.get_origin(ann)
+    if origin is typing.Literal:
+        kinds = {type(x) for x in typing.get_args(ann)}
+        return _type_of_annotation(kinds.pop()) if len(kinds) == 1 else "any"
     if origin is typing.Union:
         args = [a for a in typing.get_args(ann) if a is not type(None)]
         return _type_of_annotation(args[0]) if len(args) == 1 else "any"
@@ -210,6 +215,8 @@ def _generate(run_config: str) -> dict:  # pragma: no cover - a maintenance tool
             cur = sections.setdefault(sec, {}).get(k)
             if cur in (None, "any") or (cur == "int" and t == "float"):
                 sections[sec][k] = t
+            elif t != cur and not (cur == "float" and t == "int"):
+                sections[sec][k] = "any"  # the recipe's value and MCore's annotation disagree: a union
     # fields of MCore releases newer than the installed one (megatron-facts.md §1a-1b)
     for k, t in NEWER_MCORE_FIELDS.items():
         sections["model"].setdefault(k, t)
