@@ -202,3 +202,49 @@ def test_exported_patterns_match_what_the_engine_matches(run_cli, tmp_path):
         p = subprocess.run(tool + [str(pf), str(log)], capture_output=True, text=True, env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"})
         assert p.stderr == "", (tool[0], p.stderr[:300])
         assert int(p.stdout.strip()) == len(lits), tool[0]
+
+
+def _split_prefix_reference(line):
+    """The pattern-by-pattern loop that logs/lines.py's single alternation replaces (the oracle)."""
+    from diagnose.logs.lines import _PREFIXES, _RANK_IN_TEXT
+
+    rank = task = local = None
+    rest, end = line, 0
+    for _ in range(4):
+        for pat, kind in _PREFIXES:
+            m = pat.match(rest)
+            if m:
+                if kind == "rank":
+                    rank = int(m.group(1))
+                elif kind == "task":
+                    task = int(m.group(1))
+                elif kind == "local":
+                    local = int(m.group(1))
+                end += m.end()
+                rest = rest[m.end():]
+                break
+        else:
+            break
+    if rank is None:
+        m = _RANK_IN_TEXT.search(rest)
+        if m:
+            rank = int(next(g for g in m.groups() if g is not None))
+    if rank is None:
+        rank = task if task is not None else local
+    return (rank, rest), line[:end].strip()
+
+
+PREFIX_PIECES = [" 2: ", "15: ", "  7:", "i.pretrain/0 ", "[default3]:", "[default3]: ", "[rank12]:", "[rank12]: ",
+                 "(RayWorker pid=1234) ", "(pid=9, ip=10.0.0.1) ", "x", " ", "[Rank 4] ", "Rank 5: ", "rank=6 ",
+                 "msg", ":", "[", "]", "1", "/"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(PREFIX_PIECES), max_size=8))
+def test_split_prefix_equals_the_reference_loop(pieces):
+    from diagnose.logs.lines import prefix_key, split_prefix
+
+    line = "".join(pieces)
+    want_split, want_key = _split_prefix_reference(line)
+    assert split_prefix(line) == want_split
+    assert prefix_key(line) == want_key

@@ -53,24 +53,40 @@ def clean(raw: bytes) -> str:
     return strip_ansi(s.rstrip("\n"))
 
 
+def _one_of(prefixes):
+    """All prefix patterns as one ordered alternation (the first that matches wins, as in a loop
+    over them): one regex call per prefix layer instead of one per pattern. Returns the pattern
+    and, per alternative's group index, (kind, index of its number group or None)."""
+    parts, kinds, idx = [], {}, 0
+    for pat, kind in prefixes:
+        idx += 1
+        kinds[idx] = (kind, idx + 1 if pat.groups else None)
+        parts.append(f"({pat.pattern.lstrip('^')})")
+        idx += pat.groups
+    return re.compile("|".join(parts)), kinds
+
+
+_ANY_PREFIX, _PREFIX_KIND = _one_of(_PREFIXES)
+
+
 def split_prefix(line: str) -> tuple[Optional[int], str]:
     """(rank or None, message without the launcher prefixes)."""
     rank = task = local = None
     rest = line
+    match = _ANY_PREFIX.match
     for _ in range(4):
-        for pat, kind in _PREFIXES:
-            m = pat.match(rest)
-            if m:
-                if kind == "rank":
-                    rank = int(m.group(1))
-                elif kind == "task":
-                    task = int(m.group(1))
-                elif kind == "local":
-                    local = int(m.group(1))
-                rest = rest[m.end():].lstrip(" ") if kind == "task" else rest[m.end():]
-                break
-        else:
+        m = match(rest)
+        if m is None:
             break
+        kind, g = _PREFIX_KIND[m.lastindex]
+        if kind == "rank":
+            rank = int(m.group(g))
+        elif kind == "task":
+            task = int(m.group(g))
+        elif kind == "local":
+            local = int(m.group(g))
+        # the text after a label keeps its own indentation (YAML dumps, traceback frames)
+        rest = rest[m.end():]
     if rank is None:
         m = _RANK_IN_TEXT.search(rest)
         if m:
@@ -85,14 +101,11 @@ def prefix_key(line: str) -> str:
     end = 0
     rest = line
     for _ in range(4):
-        for pat, _kind in _PREFIXES:
-            m = pat.match(rest)
-            if m:
-                end += m.end()
-                rest = rest[m.end():]
-                break
-        else:
+        m = _ANY_PREFIX.match(rest)
+        if m is None:
             break
+        end += m.end()
+        rest = rest[m.end():]
     return line[:end].strip()
 
 
