@@ -23,6 +23,7 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import Optional
 
 GPUS_PER_NODE = 8
 OPS = ["ALLREDUCE", "_ALLGATHER_BASE", "_REDUCE_SCATTER_BASE", "BROADCAST", "SEND", "RECV"]
@@ -399,11 +400,13 @@ CHATTER = [
 
 
 def generate(out: Path, size: int, ranks: int = 512, seed: int = 0, prefix: str = "srun", fmt: str = "bridge",
-             failure_kind: str = "oom", per_rank: int = 0, nccl_share: float = 0.6, chatter: int = 6) -> int:
+             failure_kind: str = "oom", per_rank: int = 0, nccl_share: float = 0.6, chatter: int = 6,
+             timers: Optional[bool] = None) -> int:
     """Write the log (or ``per_rank`` files); returns the number of bytes written.
 
     Each step of the loop is one *logged* iteration (Bridge's default ``log_interval`` is 10):
-    the iteration line, ``Step Time``, a timer block, memory reports now and then, ``chatter``
+    the iteration line, ``Step Time``, a timer block (``timers``; default: MLM logs only, as
+    Bridge's default ``timing_log_level=0`` prints none), memory reports now and then, ``chatter``
     info/warning lines from random ranks, a c10d warning now and then, rare transient errors;
     and whenever NCCL INFO has fallen below ``nccl_share`` of the bytes, every rank joins one
     more communicator (process groups, lazily initialised P2P and checkpoint groups).
@@ -412,6 +415,8 @@ def generate(out: Path, size: int, ranks: int = 512, seed: int = 0, prefix: str 
         ranks = per_rank  # one file per rank: the world size is the number of files
         prefix = "none"
     job = Job(ranks, seed, prefix, fmt)
+    if timers is None:
+        timers = fmt == "mlm"
     sink = Sink(out, per_rank)
     emit = sink.emit
     last = job.ranks - 1
@@ -441,7 +446,8 @@ def generate(out: Path, size: int, ranks: int = 512, seed: int = 0, prefix: str 
             emit(last, [job.iteration_line(elapsed)])
             emit(0, [f"{job.pre(0)}Step Time : {elapsed / 1000:.2f}s GPU utilization:"
                      f" {415000 / elapsed:.1f}MODEL_TFLOP/s/GPU"])
-            emit(last, job.timer_block())
+            if timers:
+                emit(last, job.timer_block())
             for _ in range(chatter):
                 r = rng.randrange(job.ranks)
                 t = CHATTER[rng.randrange(len(CHATTER))]
@@ -477,6 +483,8 @@ def main(argv=None) -> int:
                     help="write N files into the folder OUT, one per rank of an N-rank job (no launcher prefix)")
     ap.add_argument("--nccl-share", type=float, default=0.6,
                     help="fraction of the bytes that are NCCL INFO lines (default 0.6)")
+    ap.add_argument("--timers", action=argparse.BooleanOptionalAction, default=None,
+                    help="timer blocks at every logged iteration (default: with --format mlm only)")
     a = ap.parse_args(argv)
     if a.ranks < 1:
         ap.error("--ranks must be at least 1")
@@ -484,7 +492,8 @@ def main(argv=None) -> int:
         ap.error("--nccl-share must be in [0, 1)")
     if a.per_rank < 0:
         ap.error("--per-rank must be positive")
-    n = generate(a.out, a.size, a.ranks, a.seed, a.prefix, a.fmt, a.failure, a.per_rank, a.nccl_share)
+    n = generate(a.out, a.size, a.ranks, a.seed, a.prefix, a.fmt, a.failure, a.per_rank, a.nccl_share,
+                 timers=a.timers)
     print(f"wrote {n / 1e6:.1f} MB to {a.out}", file=sys.stderr)
     return 0
 

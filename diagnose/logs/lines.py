@@ -87,7 +87,7 @@ def split_prefix(line: str) -> tuple[Optional[int], str]:
             local = int(m.group(g))
         # the text after a label keeps its own indentation (YAML dumps, traceback frames)
         rest = rest[m.end():]
-    if rank is None:
+    if rank is None and "ank" in rest:  # every _RANK_IN_TEXT form holds "Rank" or "rank": skip the search
         m = _RANK_IN_TEXT.search(rest)
         if m:
             rank = int(next(g for g in m.groups() if g is not None))
