@@ -1,7 +1,7 @@
 """Slurm launcher: ``sbatch`` the user's script (or ``--wrap`` a command), follow its output file.
 
-* Submission: when the launch command's first word is a file, it is the batch script and the
-  rest are its arguments: ``sbatch --parsable --output=LOG [sbatch_args] SCRIPT ARGS... OVERRIDES``
+* Submission: when the launch command's first word is a batch script (a file with a shebang,
+  named ``*.sh`` / ``*.sbatch`` / ``*.slurm`` or holding ``#SBATCH`` lines), the rest are its arguments: ``sbatch --parsable --output=LOG [sbatch_args] SCRIPT ARGS... OVERRIDES``
   (argv, no shell on our side). Otherwise the command is submitted with ``--wrap``; every
   argument, the fix's overrides included, is quoted with ``shlex.quote`` so the shell Slurm
   starts sees each one as a single word.
@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -52,10 +51,19 @@ class SlurmLauncher(Launcher):
             raise LaunchError("sbatch: not found (is Slurm's client installed and on PATH?)")
 
     def _is_script(self) -> bool:
+        """A batch script: a text file with a shebang, named *.sh / *.sbatch / *.slurm or holding
+        #SBATCH directives. Anything else (python, torchrun, a binary) is submitted with --wrap."""
         p = Path(self.argv[0])
         if not p.is_absolute() and self.cwd:
             p = Path(self.cwd) / p
-        return p.is_file()
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(65536)
+        except OSError:
+            return False
+        if not head.startswith(b"#!"):
+            return False
+        return p.suffix in (".sh", ".sbatch", ".slurm", ".bash") or b"\n#SBATCH" in head
 
     def start(self, extra_args: list[str], log_path: Path) -> Job:
         log_path = Path(log_path).resolve()
