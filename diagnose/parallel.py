@@ -205,17 +205,22 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     counter = ctx.Value("q", 0)
     tasks = sorted(enumerate(sources), key=lambda t: -size(t[1]))  # largest first
-    results: dict = {}
+    out = ScanResult(Findings(), S.Structure(), [], engine=scanner.engine.name)
+    waiting: dict = {}  # results that came before an earlier file's: merged in file order, then dropped
+    nxt = 0
     with ctx.Pool(n, initializer=_init, initargs=(scanner.db, scanner.engine_name, scanner.versions, counter)) as pool:
-        pending = pool.imap_unordered(_scan_one, tasks)
+        it = pool.imap_unordered(_scan_one, tasks)
         seen = 0
-        it = iter(pending)
-        while len(results) < len(tasks):
+        while nxt < len(sources):
             try:
                 idx, res = it.next(timeout=0.2)
-                results[idx] = res
+                waiting[idx] = res
             except mp.TimeoutError:
                 pass
+            while nxt in waiting:
+                out.notes.extend(order[nxt][1])
+                merge(out, waiting.pop(nxt), scanner.sigs)
+                nxt += 1
             if progress:
                 now = counter.value
                 if now > seen:
@@ -223,10 +228,6 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
                     seen = now
         if progress and counter.value > seen:
             progress(counter.value - seen)
-    out = ScanResult(Findings(), S.Structure(), [], engine=scanner.engine.name)
-    for idx in range(len(sources)):
-        out.notes.extend(order[idx][1])
-        merge(out, results[idx], scanner.sigs)
     out.notes.extend(trailing)
     out.seconds = time.perf_counter() - t0
     out.jobs = n  # type: ignore[attr-defined]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .lines import clean, prefix_key, split_prefix, timestamp
 
-MAX_SERIES = 200_000  # iteration points kept (then decimated by 2)
+MAX_SERIES = 50_000  # iteration points kept (then decimated by 2): ~1.2 KB each, so <= 60 MB
 MAX_RECORDS = 200  # tracebacks, exceptions, memory reports kept
 
 # structure key -> anchors. Keys start with "@" so they never collide with signature ids.
@@ -177,7 +178,7 @@ def parse_iteration(text: str, file: str, line: int) -> Optional[IterationPoint]
         return None
     fields = {}
     for fm in _FIELD.finditer(text[m.end():]):
-        key = fm.group(1).strip()
+        key = sys.intern(fm.group(1).strip())  # the same few keys on every line: stored once
         fields[key] = fm.group(2).strip()
     elapsed = _num(fields.get("elapsed time per iteration (ms)", "")) if fields else None
     return IterationPoint(int(m.group(1)), int(m.group(2)), elapsed, fields, file, line, timestamp(text))
