@@ -10,7 +10,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 from diagnose.config import mcore  # noqa: E402
 
-pytestmark = pytest.mark.mcore
+pytestmark = [pytest.mark.mcore, pytest.mark.slow]
 CFG = "fixtures/configs"
 
 
@@ -54,6 +54,7 @@ def test_mcore_accepts_the_good_configs(run_cli, name):
     code, doc, _ = jcheck(run_cli, f"{CFG}/{name}.yaml")
     assert code == 0 and doc["findings"] == []
     assert not any("could not be checked" in n for n in doc["notes"])
+    assert any("built TransformerConfig and OptimizerConfig without an error" in n for n in doc["notes"])
 
 
 def test_an_mcore_message_no_signature_knows_is_still_reported(run_cli):

@@ -137,6 +137,10 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
                 findings.append(R.CheckFinding(None, "mcore", ev, [], f"MCore refused the config ({res.exc_type}); "
                                                "no signature names this message", "error"))
         iv = mcore.version()
+        built = [st for st, sec in (("TransformerConfig", "model"), ("OptimizerConfig", "optimizer"))
+                 if cfg.get(sec) and st not in {r.stage for r in mcore_results}]
+        if built:
+            notes.append(f"--mcore: megatron-core {iv} built {' and '.join(built)} without an error")
         if iv and versions.get("megatron-core") != iv:
             notes.append(f"--mcore ran the installed megatron-core {iv}; the static rules are for "
                          f"{versions.get('megatron-core')}")
