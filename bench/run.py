@@ -126,6 +126,7 @@ def main(argv=None) -> int:
             "-f", str(pats), str(a.log)], env, "grep", None))
 
     warm(a.log)
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     results = []
     for label, ncores, cmd, env, kind, rep in runs:
         walls, rss, codes, tail = [], 0, set(), ""
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
     rg1 = next((r for r in results if r["tool"].startswith("rg") and r["cores"] == 1), None)
     print(f"input: {a.log} ({size / 1e6:.1f} MB{', folder' if folder else ''}), {npats} patterns from the database,"
           f" {cores} core(s), best of {a.repeat} (diagnose: {a.diagnose_repeat or a.repeat}),"
-          f" load average before: {os.getloadavg()[0]:.1f}")
+          f" load average at start: {load0:.1f}")
     print(f"{'tool':<28} {'cores':>5} {'seconds':>8} {'MB/s':>8} {'scan MB/s':>10} {'x rg':>6} {'peak RSS MB':>12}")
     for r in results:
         ratio = f"{r['mb_s'] / rg1['mb_s']:.2f}" if rg1 else "-"
