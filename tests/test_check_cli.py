@@ -223,3 +223,37 @@ def test_mlm_arguments_dump_as_config(run_cli, repo):
     assert doc["memory"]["world_size"] == 16 and any("from the job's arguments" in n for n in doc["notes"])
     code, _, err = run_cli("check", log, "model.num_layers=x")
     assert code == 2 and "model.num_layers: expected an integer" in err
+
+
+def test_no_internal_error_on_arbitrary_override_values(db, tmp_path):
+    """Whatever value an override gives a key, check answers with findings or a ConfigError, never a crash."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from diagnose.commands.check import run_check
+
+    small = tmp_path / "small.yaml"  # a plain YAML (parsing the full run_config 100 times is slow)
+    small.write_text("model:\n  hf_model_id: Qwen/Qwen3-30B-A3B\n  tensor_model_parallel_size: 2\n"
+                     "  pipeline_model_parallel_size: 2\n  expert_model_parallel_size: 4\n  sequence_parallel: true\n"
+                     "  recompute_granularity: full\n  cpu_offloading: false\n  cuda_graph_impl: none\n"
+                     "optimizer:\n  optimizer_cpu_offload: false\n  optimizer_offload_fraction: 0.0\n"
+                     "  use_distributed_optimizer: true\ntrain:\n  micro_batch_size: 1\n  global_batch_size: 64\n")
+    keys = ["model.tensor_model_parallel_size", "model.pipeline_model_parallel_size", "model.num_layers",
+            "model.cpu_offloading", "model.cpu_offloading_num_layers", "model.recompute_granularity",
+            "optimizer.optimizer_offload_fraction", "optimizer.optimizer_cpu_offload", "model.expert_model_parallel_size",
+            "model.moe_layer_freq", "model.seq_length", "train.micro_batch_size", "model.cuda_graph_impl"]
+    values = st.one_of(st.integers(-3, 300), st.floats(-2, 3, allow_nan=False), st.booleans(), st.just("null"),
+                       st.sampled_from(["full", "selective", "abc", "[1,2]", "''"]))
+
+    @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(keys), values), min_size=1, max_size=4),
+           st.sampled_from([None, 1, 8, 16, 24]))
+    def prop(pairs, world):
+        ovs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in pairs]
+        try:
+            res = run_check(str(small), ovs, db, {"megatron-core": "0.16.1"}, world_size=world)
+        except (ConfigError,):
+            return
+        assert isinstance(res["findings"], list)
+
+    prop()
