@@ -8,7 +8,8 @@ printed) and then hangs, the way a failed rank's peers hang in a collective unti
 watchdog fires ten minutes later; rank 0 blocks in the next all-reduce. The job writes the wall
 time right after flushing the fatal line. diagnose follows the log through the same code as
 ``--relaunch`` (LocalLauncher + launch.loop.watch) and ends the job's process group the moment it
-reads the line. Prints one figure per run and the worst; exits 1 if the worst misses the target.
+reads the line (and checks that no rank survived). Prints one figure per run and the worst; exits
+1 if the worst misses the target.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import os, sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+open(os.environ["FATAL_WRITTEN_AT"] + f".rank{rank}.pid", "w").write(str(os.getpid()))
 x = torch.ones(4)
 for it in range(1, 4):
     dist.all_reduce(x)
@@ -70,6 +72,9 @@ def one_run(workdir: Path, n: int) -> tuple[float, float, str]:
         raise SystemExit(f"run {n}: the job was not stopped early (exit {w.exit_code}); see {job.log_path}")
     gap = job.ended - float(stamp.read_text())
     rc = w.report.root_cause
+    for f in workdir.glob(f"written-{n}.at.rank*.pid"):  # torchrun's ranks live in sessions of their own
+        if launcher._alive({int(f.read_text())}):
+            raise SystemExit(f"run {n}: {f.name.split('.')[-2]} is still running after the stop")
     return gap, w.detect_to_end_s or 0.0, rc.finding.signature.id if rc else "-"
 
 

@@ -3,8 +3,9 @@
 The command (``--launch-cmd "python -m torch.distributed.run --nproc_per_node=8
 scripts/training/run_recipe.py --recipe ..."``) is split with ``shlex`` once; the fix's Hydra
 overrides are appended to that argv as separate arguments, so no config value ever passes
-through a shell. The job gets a new session (``setsid``): ``stop`` signals the whole group
-(torchrun and every rank it started), SIGTERM first and SIGKILL after a grace period.
+through a shell. The job gets a new session (``setsid``); ``stop`` signals its whole process
+tree (the group, plus every descendant: torchrun starts each rank in a session of its own),
+SIGTERM first and SIGKILL after a grace period, and returns once none of them runs.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Job, LaunchError, Launcher
+
+LEADER_GRACE_S = 0.3  # after the ranks are gone, how long torchrun may take to exit on SIGTERM
 
 
 def split_command(command) -> list[str]:
@@ -77,19 +80,15 @@ class LocalLauncher(Launcher):
             job.state = "COMPLETED" if rc == 0 else ("CANCELLED" if job.extra.get("stopped") else "FAILED")
             job.handle[1].close()
 
-    def _group_alive(self, pgid: int) -> bool:
-        """Is any process of the group still running? Zombies (dead, waiting for their parent
-        or for init to reap them) do not count; without /proc, ask the kernel via killpg."""
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+    @staticmethod
+    def _procs() -> Optional[dict]:
+        """pid -> (ppid, pgid, running) from /proc (None where /proc is missing). Zombies (dead,
+        waiting to be reaped) are not running."""
         try:
             entries = os.listdir("/proc")
         except OSError:
-            return True
+            return None
+        out = {}
         for e in entries:
             if not e.isdigit():
                 continue
@@ -98,25 +97,76 @@ class LocalLauncher(Launcher):
                     stat = fh.read()
             except OSError:
                 continue
-            fields = stat[stat.rfind(b")") + 2:].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
-        return False
+            f = stat[stat.rfind(b")") + 2:].split()
+            if len(f) > 2:
+                out[int(e)] = (int(f[1]), int(f[2]), f[0] not in (b"Z", b"X"))
+        return out
+
+    def _tree(self, root: int) -> set[int]:
+        """The job's processes: its process group and every descendant of its leader. torchrun
+        starts each rank in a session of its own, so the group alone misses the ranks."""
+        procs = self._procs()
+        if procs is None:
+            return {root}
+        kids: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in procs.items():
+            kids.setdefault(ppid, []).append(pid)
+        out, todo = set(), [root]
+        while todo:
+            pid = todo.pop()
+            if pid in out:
+                continue
+            out.add(pid)
+            todo.extend(kids.get(pid, ()))
+        out.update(pid for pid, (_, pgid, _) in procs.items() if pgid == root)
+        return out
+
+    def _alive(self, pids: set[int]) -> set[int]:
+        procs = self._procs()
+        if procs is None:
+            alive = set()
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                    alive.add(pid)
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    alive.add(pid)
+            return alive
+        return {pid for pid in pids if pid in procs and procs[pid][2]}
 
     def stop(self, job: Job, grace_s: float = 1.0) -> None:
+        """SIGTERM to the job's whole process tree (group + descendants), SIGKILL to what is
+        left after ``grace_s``; returns when none of them runs."""
         proc, _ = job.handle
-        pgid = proc.pid  # start_new_session: the child leads its own group
         job.extra["stopped"] = True
+        pids = self._tree(proc.pid)
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
+            if proc.poll() is None or self._alive(pids):
+                pids |= self._tree(proc.pid) if proc.poll() is None else set()
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                for pid in self._alive(pids):
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
             deadline = time.monotonic() + wait
+            ranks_gone = None
             while time.monotonic() < deadline:
                 proc.poll()
-                if proc.returncode is not None and not self._group_alive(pgid):
+                alive = self._alive(pids)
+                if proc.returncode is not None and not alive:
                     break
+                if alive <= {proc.pid}:
+                    # only the launcher (torchrun) is left, tearing down after its ranks died:
+                    # give it LEADER_GRACE_S to finish its report, then it gets SIGKILL
+                    ranks_gone = ranks_gone or time.monotonic()
+                    if time.monotonic() - ranks_gone > LEADER_GRACE_S:
+                        deadline = 0
                 time.sleep(0.02)
             else:
                 continue
