@@ -145,9 +145,148 @@ def _choice(raw: dict, key: str, choices, default=None):
     return val
 
 
+_QUANT = regex.compile(r"[*+?]|\{\d*(?:,\d*)?\}")
+_GROUP_HEAD = regex.compile(r"\?(?:P?<[^>]*>|[:>=!]|<[=!]|[a-zA-Z]+:|P=\w+\))?")
+
+
+def _atoms(body: str):
+    """Top-level atoms of a regex fragment: (text, quantifier or "") pairs and "|" separators."""
+    i, n = 0, len(body)
+    while i < n:
+        c = body[i]
+        if c == "|":
+            yield "|", ""
+            i += 1
+            continue
+        start = i
+        if c == "\\":
+            i += 2
+        elif c == "[":
+            i += 1
+            if i < n and body[i] == "^":
+                i += 1
+            if i < n and body[i] == "]":
+                i += 1
+            while i < n and body[i] != "]":
+                i += 2 if body[i] == "\\" else 1
+            i += 1
+        elif c == "(":
+            depth = 0
+            while i < n:
+                if body[i] == "\\":
+                    i += 2
+                    continue
+                if body[i] == "[":  # skip a class inside the group
+                    j = i + 1
+                    if j < n and body[j] == "^":
+                        j += 1
+                    if j < n and body[j] == "]":
+                        j += 1
+                    while j < n and body[j] != "]":
+                        j += 2 if body[j] == "\\" else 1
+                    i = j + 1
+                    continue
+                depth += body[i] == "("
+                depth -= body[i] == ")"
+                i += 1
+                if depth == 0:
+                    break
+        else:
+            i += 1
+        atom_end = i
+        m = _QUANT.match(body, i)
+        q = ""
+        if m:
+            q, i = m.group(0), m.end()
+            if i < n and body[i] in "?+":  # lazy / possessive
+                i += 1
+        yield body[start:atom_end], q
+
+
+def _alternatives(body: str) -> list:
+    alts, cur = [], []
+    for atom, q in _atoms(body):
+        if atom == "|":
+            alts.append(cur)
+            cur = []
+        else:
+            cur.append((atom, q))
+    alts.append(cur)
+    return alts
+
+
+def _nullable(alt: list) -> bool:
+    """Can this sequence of atoms match the empty string?"""
+    for atom, q in alt:
+        if q in ("?", "*") or q.startswith("{0") or q.startswith("{,"):
+            continue
+        if atom in ("^", "$") or atom.startswith(("\\b", "\\B", "\\A", "\\Z", "(?=", "(?!", "(?<")):
+            continue  # zero-width
+        if atom.startswith("(") and atom.endswith(")"):
+            inner = atom[1:-1]
+            head = _GROUP_HEAD.match(inner)
+            inner = inner[head.end():] if head else inner
+            if any(_nullable(a) for a in _alternatives(inner)):
+                continue
+        return False
+    return True
+
+
+def _literal(alt: list):
+    """The literal text of an alternative made only of plain characters (else None)."""
+    out = []
+    for atom, q in alt:
+        if q or not atom:
+            return None
+        if atom.startswith("\\") and len(atom) == 2 and not atom[1].isalnum():
+            out.append(atom[1])
+        elif len(atom) == 1 and atom not in ".^$[]()|":
+            out.append(atom)
+        else:
+            return None
+    return "".join(out)
+
+
+def _repeated_group_hazard(body: str):
+    """Why repeating this group without bound can backtrack exponentially (or None)."""
+    head = _GROUP_HEAD.match(body)
+    if head and head.group(0).startswith("?") and head.group(0) in ("?=", "?!", "?<=", "?<!"):
+        return None
+    inner = body[head.end():] if head else body
+    alts = _alternatives(inner)
+    if any(_nullable(a) for a in alts):
+        return "a repeated group that can match the empty string"
+    lits = [w for w in (_literal(a) for a in alts) if w]
+    if len(lits) != len(set(lits)) or _not_uniquely_decodable(set(lits)):
+        return "a repeated alternation whose branches overlap"
+    return None
+
+
+def _not_uniquely_decodable(words: set) -> bool:
+    """Sardinas-Patterson: can some string be split into these words in two ways? Then a
+    repetition of their alternation backtracks exponentially, ``(a|aa)+`` or ``(a|ab|b)+``."""
+    def dangling(xs, ys):
+        return {y[len(x):] for x in xs for y in ys if len(y) > len(x) and y.startswith(x)}
+
+    s = dangling(words, words)
+    seen = set()
+    while s:
+        if s & words:
+            return True
+        key = frozenset(s)
+        if key in seen:
+            return False
+        seen.add(key)
+        s = dangling(s, words) | dangling(words, s)
+    return False
+
+
 def check_regex_safety(pattern: str) -> None:
-    """Reject nested unbounded quantifiers, the classic catastrophic-backtracking shape."""
+    """Reject the shapes of catastrophic backtracking: nested unbounded quantifiers ``(a+)+``,
+    ``(.*a)*``, ``(\\s*)*``; a repeated group that can match the empty string ``(a?)+``; a
+    repeated alternation of literals that can split one string two ways ``(a|aa)+``, ``(a|ab|b)*``."""
     depth_unbounded = []  # for each open group: does it contain an unbounded quantifier?
+    opens = []  # index of each open group's "("
     i, n = 0, len(pattern)
     escaped = False
     in_class = False
@@ -162,14 +301,25 @@ def check_regex_safety(pattern: str) -> None:
                 in_class = False
         elif c == "[":
             in_class = True
+            if pattern[i + 1:i + 2] == "^":
+                i += 1
+            if pattern[i + 1:i + 2] == "]":  # a literal "]" first in the class
+                i += 1
         elif c == "(":
             depth_unbounded.append(False)
+            opens.append(i)
         elif c == ")":
             inner = depth_unbounded.pop() if depth_unbounded else False
+            start = opens.pop() if opens else None
             nxt = pattern[i + 1] if i + 1 < n else ""
             quant_unbounded = (nxt != "" and nxt in "*+") or (nxt == "{" and regex.match(r"\{\d*,\}", pattern[i + 1:]))
             if inner and quant_unbounded:
                 raise DatabaseError(f"regex has a nested unbounded quantifier near {pattern[max(0, i - 20):i + 2]!r}")
+            if quant_unbounded and start is not None:
+                why = _repeated_group_hazard(pattern[start + 1:i])
+                if why:
+                    raise DatabaseError(f"regex has {why} (catastrophic backtracking) near "
+                                        f"{pattern[max(0, start - 10):i + 2]!r}")
             if depth_unbounded and (inner or quant_unbounded):
                 depth_unbounded[-1] = True
         elif c in "*+" or (c == "{" and regex.match(r"\{\d*,\}", pattern[i:])):
