@@ -53,7 +53,8 @@ def add_symptoms(db: Database, findings: Findings, structure, cfg, metrics: dict
                 ev = structure.evidence[key]
                 break
         if ev is None:
-            ev = next(iter(structure.evidence.values()), ("", 0, sig.title))
+            # private entries ("_max_elapsed") are bookkeeping, not (file, line, text) evidence
+            ev = next((v for k, v in structure.evidence.items() if not k.startswith("_")), ("", 0, sig.title))
         file, line, text = ev
         findings.add(sig, Hit(sig.id, file, line, text.strip(), None, None, {}, order=_order_of(file, line, findings)))
     if cfg is not None:
