@@ -97,6 +97,6 @@ EVIDENCE_FOR = {
     "optimizer_share": "timers",
     "nan_iters_reported": "loss_nan",
     "mem_max_allocated_gb": "memory",
-    "alloc_retries_growth": "memory",
+    "alloc_retries_growth": "memory_retries",
     "unexplained_exceptions": "exception",
 }

@@ -484,9 +484,8 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
             m.update(file=file, line=line, rank=rank)
             s.memory.append(m)
             if m["values"].get("alloc_retries"):
-                s.note("memory", file, line, text, replace=True)
-            elif "memory" not in s.evidence:
-                s.note("memory", file, line, text)
+                s.note("memory_retries", file, line, text)  # the first report with retries
+            s.note("memory", file, line, text)
     elif key == "@exception":
         rank, msg = split_prefix(text)
         m = _EXC_LINE.match(msg.strip())
