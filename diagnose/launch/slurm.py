@@ -23,6 +23,7 @@ from typing import Optional
 from .base import Job, LaunchError, Launcher
 from .local import split_command
 
+POLL_STATE_S = 0.5  # squeue/scontrol at most this often per job
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
           "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
 
@@ -129,8 +130,14 @@ class SlurmLauncher(Launcher):
         return state, (0 if state == "COMPLETED" else 1)
 
     def poll(self, job: Job) -> Optional[int]:
+        """The job's exit code once it has ended. The controller is asked at most every
+        POLL_STATE_S (the log itself is followed much more often)."""
         if job.ended is not None:
             return job.exit_code
+        now = time.monotonic()
+        if now - job.extra.get("polled", 0.0) < POLL_STATE_S:
+            return None
+        job.extra["polled"] = now
         state, rc = self.state(job)
         job.state = state
         if rc is None:

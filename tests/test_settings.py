@@ -1,0 +1,59 @@
+"""Project settings for --relaunch ([tool.diagnose] / diagnose.toml) and the launch-command helpers."""
+from __future__ import annotations
+
+import pytest
+
+from diagnose import settings as ST
+from diagnose.launch.base import LaunchError, make_launcher
+from diagnose.launch.local import split_command
+from diagnose.remedy.causes import world_from_command
+
+
+def test_pyproject_table(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.diagnose]\nlauncher = "slurm"\n'
+                                            'launch-cmd = "jobs/train.sbatch --recipe r"\nmax-attempts = 2\n')
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    st = ST.find(sub)  # found from a folder below, like ruff/pytest
+    assert st.get("launcher") == "slurm" and st.get("max-attempts") == 2 and st.source == tmp_path / "pyproject.toml"
+
+
+def test_diagnose_toml_wins_and_pyproject_without_table_is_skipped(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.diagnose]\nlauncher = "slurm"\n')
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "pyproject.toml").write_text('[project]\nname = "y"\n')
+    assert ST.find(inner).get("launcher") == "slurm"
+    (inner / "diagnose.toml").write_text('launcher = "local"\nlaunch-cmd = "torchrun x.py"\n')
+    st = ST.find(inner)
+    assert st.get("launcher") == "local" and st.source.name == "diagnose.toml"
+
+
+def test_unknown_key_and_bad_toml_are_one_line_errors(tmp_path):
+    (tmp_path / "diagnose.toml").write_text('launchr = "local"\n')
+    with pytest.raises(ST.SettingsError, match="unknown key"):
+        ST.find(tmp_path)
+    (tmp_path / "diagnose.toml").write_text('launcher = \n')
+    with pytest.raises(ST.SettingsError, match="invalid TOML"):
+        ST.find(tmp_path)
+
+
+def test_nothing_found(tmp_path):
+    st = ST.find(tmp_path)
+    assert st.get("launcher") is None and "[tool.diagnose]" in ST.HOWTO and "launch-cmd" in ST.HOWTO
+
+
+def test_world_from_command():
+    assert world_from_command("python -m torch.distributed.run --nproc_per_node=8 --nnodes=2 run.py") == 16
+    assert world_from_command("torchrun --nproc-per-node 4 --nnodes 1:3 run.py") == 12
+    assert world_from_command("python train.py") is None
+    assert world_from_command(None) is None
+
+
+def test_split_command_never_uses_a_shell():
+    argv = split_command("python run.py --recipe 'a b' 'x=$(rm -rf /)'")
+    assert argv == ["python", "run.py", "--recipe", "a b", "x=$(rm -rf /)"]
+    with pytest.raises(LaunchError):
+        split_command("python 'unclosed")
+    with pytest.raises(LaunchError, match="unknown launcher"):
+        make_launcher("k8s", "x")
