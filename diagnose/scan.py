@@ -162,10 +162,7 @@ class Scanner:
                     source_raise = _SOURCE_RAISE.match(msg) is not None
                 if source_raise:
                     continue
-                try:
-                    caps = verify(sig, msg)
-                except TimeoutError:
-                    caps = None
+                caps = self._verify(sig, msg)
                 if caps is None:
                     continue
                 res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
@@ -173,6 +170,27 @@ class Scanner:
         res._blocks = open_blocks  # type: ignore[attr-defined]
         # newlines before ``pos`` were counted on the way (line_no); count only the rest
         res.lines_read += (line_no - chunk.first_line) + count(b"\n", pos) + (0 if data.endswith(b"\n") else 1)
+
+    VERIFY_CACHE = 4096  # distinct (signature, message) results remembered
+    VERIFY_CACHE_LINE = 2000  # longer messages are not remembered
+
+    def _verify(self, sig, msg: str):
+        """``verify`` with a memory: big logs repeat the same message on every rank (warnings, NCCL
+        lines), and the prefix is already split off, so one regex run serves them all."""
+        key = (sig.id, msg)
+        cache = self.__dict__.setdefault("_vcache", {})
+        caps = cache.get(key, cache)
+        if caps is not cache:
+            return caps
+        try:
+            caps = verify(sig, msg)
+        except TimeoutError:
+            caps = None
+        if len(msg) <= self.VERIFY_CACHE_LINE:
+            if len(cache) >= self.VERIFY_CACHE:
+                cache.clear()
+            cache[key] = caps
+        return caps
 
     @staticmethod
     def _feed(block, data: bytes, pos: int, line_no: int) -> bool:
