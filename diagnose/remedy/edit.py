@@ -264,6 +264,37 @@ class FileLock:
         return False
 
 
+def _write_backup(path: Path, text: str) -> Path:
+    """The old text as ``NAME.bak[.N]``, complete or not at all: written to a temporary file,
+    fsynced, then hard-linked to the first free backup name (a link never replaces a file, so an
+    older backup is never overwritten, and a kill -9 leaves no half-written backup)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".bak.tmp", dir=str(path.parent))
+    except OSError as exc:
+        raise EditError(f"cannot write a backup beside {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        for _ in range(1000):
+            bak = backup_path(path)
+            try:
+                os.link(tmp, bak)
+                return bak
+            except FileExistsError:
+                continue  # taken a moment ago by someone else: the next name
+        raise EditError(f"cannot find a free backup name beside {path}")
+    except OSError as exc:
+        raise EditError(f"cannot write a backup beside {path}: {exc.strerror or exc}") from None
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 @dataclass
 class WriteResult:
     path: Path
@@ -282,22 +313,19 @@ def write(snap: Snapshot, new_text: str) -> WriteResult:
         now = snapshot(path)
         if now.sha256 != snap.sha256:
             raise EditError(f"{path} changed since the fix was planned; not overwriting it (run --fix again)")
-        bak = backup_path(path)
-        try:
-            # O_EXCL: never overwrite a backup, even one created a moment ago by someone else
-            fd = os.open(bak, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(snap.text.encode("utf-8"))
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            raise EditError(f"cannot write the backup {bak}: {exc.strerror or exc}") from None
         mode = None
         try:
             mode = os.stat(path).st_mode & 0o7777
         except OSError:
             pass
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+        if mode is not None and not mode & 0o222:
+            raise EditError(f"{path} is read-only (no write permission bit); not editing it "
+                            "(chmod u+w it to let --fix write, or use --overrides)")
+        bak = _write_backup(path, snap.text)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+        except OSError as exc:
+            raise EditError(f"cannot write beside {path}: {exc.strerror or exc}") from None
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(new_text.encode("utf-8"))

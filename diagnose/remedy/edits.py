@@ -1,11 +1,13 @@
 """Config edits as data: apply one Edit to a value, render a ``key=value`` override."""
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 from ..model import Edit
 
 _SPECIAL = set(" ,[]{}()='\"\\:$*?")
+_PLAIN = re.compile(r"[\w.\-/+@%]+", re.ASCII)  # what Hydra reads unquoted as the same string
 
 
 def apply_edit(current: Any, edit: Edit) -> tuple[bool, Any]:
@@ -42,8 +44,10 @@ def format_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(format_value(x) for x in v) + "]"
     s = str(v)
-    if not s or any(c in _SPECIAL for c in s) or s.lower() in ("null", "true", "false"):
-        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if not s or any(c in _SPECIAL for c in s) or not _PLAIN.fullmatch(s) or s.lower() in ("null", "true", "false"):
+        # Hydra's quoted string: \' is a quote; backslashes are literal except a run of them
+        # right before a quote (or the closing quote), which is halved. Round-trips any text.
+        return "'" + re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, s).replace("'", "\\'") + "'"
     return s
 
 

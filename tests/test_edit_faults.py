@@ -1,0 +1,241 @@
+"""Faults while --fix writes the user's config: kill -9 at any point, two --fix at once, a file
+changed between plan and write. The config is always either the old or the new text, never a
+mix; every backup is a complete copy of the old text; nothing is clobbered."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnose.remedy import edit as E
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
+RUN1 = REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"
+
+# The child writes NEW over the config once it is told to; the parent kills it with SIGKILL at a
+# random moment. OLD and NEW are big enough (a few MB) that the write and fsyncs take a while.
+_WRITER = r"""
+import sys
+from pathlib import Path
+from diagnose.remedy import edit as E
+path, new = sys.argv[1], Path(sys.argv[2]).read_text()
+snap = E.snapshot(path)
+print("ready", flush=True)
+sys.stdin.readline()
+E.write(snap, new)
+print("done", flush=True)
+"""
+
+
+def _texts(size_mb: int = 4) -> tuple[str, str]:
+    base = TINY.read_text()
+    pad_old = "".join(f"# old padding line {i:08d} " + "o" * 60 + "\n" for i in range(size_mb * 12_000))
+    pad_new = "".join(f"# new padding line {i:08d} " + "n" * 60 + "\n" for i in range(size_mb * 12_000))
+    return base + pad_old, base.replace("cpu_offloading: true", "cpu_offloading: false") + pad_new
+
+
+def _state(d: Path, name: str) -> dict:
+    return {p.name: p for p in d.iterdir() if p.name.startswith(name) or p.name.startswith("." + name)}
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_leaves_old_or_new_and_intact_backups(tmp_path):
+    old, new = _texts()
+    newfile = tmp_path / "new.txt"
+    newfile.write_text(new)
+    cfg = tmp_path / "cfg.yaml"
+    rnd = random.Random(6)
+    seen = {"old": 0, "new": 0}
+    delays = []
+    # how long one whole write takes here (start-up excluded): kills are spread over 0..1.3x that
+    cfg.write_text(old)
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(cfg), str(newfile)], cwd=str(REPO),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    t0 = time.monotonic()
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == "done"
+    span = (time.monotonic() - t0) * 1.3
+    child.wait(30)
+    child.stdout.close()
+    child.stdin.close()
+    assert cfg.read_text() == new
+    for i in range(16):
+        cfg.write_text(old)
+        for p in tmp_path.iterdir():  # a clean slate, except the stale lock a kill may leave
+            if p.name.startswith(("cfg.yaml.bak", ".cfg.yaml.")):
+                p.unlink()
+        child = subprocess.Popen([sys.executable, "-c", _WRITER, str(cfg), str(newfile)], cwd=str(REPO),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        delay = rnd.uniform(0, span) if i else 0.0
+        delays.append(delay)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        child.stdout.close()
+        child.stdin.close()
+        text = cfg.read_text()
+        assert text in (old, new), f"partial config after kill at {delay:.3f} s ({len(text)} chars)"
+        seen["old" if text == old else "new"] += 1
+        baks = sorted(p for p in tmp_path.iterdir() if p.name.startswith("cfg.yaml.bak"))
+        for b in baks:
+            assert b.read_text() == old, f"backup {b.name} is not a complete copy of the old config"
+        if text == new:
+            assert baks, "the config was replaced but no backup exists"
+    assert seen["old"] >= 1 and seen["new"] >= 1, (seen, delays, span)
+    # after all those kills (a stale lock, stray temporary files) a normal write still works
+    cfg.write_text(old)
+    snap = E.snapshot(cfg)
+    res = E.write(snap, new)
+    assert res.changed and cfg.read_text() == new and res.backup.read_text() == old
+    assert not (tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)).exists()
+    print(f"sigkill: {seen}, write takes ~{span / 1.3:.3f} s, kills at {[round(d, 3) for d in delays]}")
+
+
+def test_kill_before_replace_never_touches_the_config(tmp_path, monkeypatch):
+    """Simulated crash at each step of write(): the config stays old until os.replace."""
+    old, new = _texts(1)
+    cfg = tmp_path / "cfg.yaml"
+
+    class Crash(BaseException):
+        pass
+
+    for step in ("fsync", "chmod", "replace"):
+        cfg.write_text(old)
+        for p in tmp_path.iterdir():
+            if p != cfg:
+                p.unlink()
+        snap = E.snapshot(cfg)
+        target = {"fsync": os, "chmod": os, "replace": os}[step]
+        real = getattr(target, step)
+        calls = {"n": 0}
+
+        def boom(*a, _real=real, _step=step, **k):
+            calls["n"] += 1
+            if _step != "fsync" or calls["n"] == 2:  # 2nd fsync: the temporary copy of the new text
+                raise Crash()
+            return _real(*a, **k)
+
+        monkeypatch.setattr(target, step, boom)
+        with pytest.raises(Crash):
+            E.write(snap, new)
+        monkeypatch.setattr(target, step, real)
+        assert cfg.read_text() == old, step
+        assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == [], step
+        for b in tmp_path.glob("cfg.yaml.bak*"):
+            assert b.read_text() == old
+
+
+def _fix_cli(cfg: Path, cwd: Path):
+    code = "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, str(RUN1), "--fix", str(cfg)], cwd=str(cwd),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.slow
+def test_two_fix_runs_at_once_on_the_same_file(tmp_path):
+    """Two real `diagnose LOG --fix cfg.yaml` at the same moment: one writes, the other refuses
+    (lock held, or the file changed since its plan) or finds the fix already there; the result
+    is exactly one clean fix with one backup of the original."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    original = cfg.read_text()
+    procs = [_fix_cli(cfg, tmp_path) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = [p.returncode for p in procs]
+    for (out, err), code in zip(outs, codes):
+        assert "Traceback" not in err and "internal error" not in err, err
+        assert code in (0, 2), (code, err)
+    assert 0 in codes, outs
+    text = cfg.read_text()
+    assert text != original and "optimizer_cpu_offload: true" in text
+    baks = sorted(tmp_path.glob("cfg.yaml.bak*"))
+    assert [b.name for b in baks] == ["cfg.yaml.bak"] and baks[0].read_text() == original
+    assert not (tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)).exists()
+    for (out, err), code in zip(outs, codes):
+        if code == 2:
+            last = err.strip().splitlines()[-1]  # the plan is printed first; the refusal is one line
+            assert ("being edited by another diagnose --fix" in last or "changed since the fix was planned" in last), err
+
+
+def test_lock_is_exclusive_between_threads_of_writers(tmp_path):
+    """Many writers racing on one snapshot: exactly one wins, the rest refuse; one backup."""
+    cfg = tmp_path / "cfg.yaml"
+    old, new = _texts(1)
+    cfg.write_text(old)
+    snap = E.snapshot(cfg)
+    results, barrier = [], threading.Barrier(6)
+
+    def go(k):
+        barrier.wait()
+        try:
+            E.write(snap, new + f"# writer {k}\n")
+            results.append(("ok", k))
+        except E.EditError as exc:
+            results.append(("refused", str(exc)))
+
+    threads = [threading.Thread(target=go, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    wins = [r for r in results if r[0] == "ok"]
+    assert len(results) == 6 and len(wins) == 1, results
+    assert cfg.read_text() == new + f"# writer {wins[0][1]}\n"
+    assert [b.name for b in tmp_path.glob("cfg.yaml.bak*")] == ["cfg.yaml.bak"]
+    for r in results:
+        if r[0] == "refused":
+            assert "being edited by another" in r[1] or "changed since the fix was planned" in r[1], r
+
+
+def test_changed_between_plan_and_write_is_refused_and_kept(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    snap = E.snapshot(cfg)
+    planned = E.render(snap, [("model.cpu_offloading", False)])
+    cfg.write_text(TINY.read_text() + "# edited by a human meanwhile\n")
+    with pytest.raises(E.EditError, match="changed since the fix was planned"):
+        E.write(snap, planned)
+    assert cfg.read_text().endswith("# edited by a human meanwhile\n")
+    assert list(tmp_path.glob("cfg.yaml.bak*")) == []
+
+
+def test_read_only_config_is_refused(tmp_path):
+    """A config marked read-only (no write bit) is the user's "do not touch": refuse, even as root."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    os.chmod(cfg, 0o444)
+    snap = E.snapshot(cfg)
+    with pytest.raises(E.EditError, match="read-only"):
+        E.write(snap, E.render(snap, [("model.cpu_offloading", False)]))
+    assert cfg.read_text() == TINY.read_text()
+    assert list(tmp_path.glob("cfg.yaml.bak*")) == []
+    assert (os.stat(cfg).st_mode & 0o777) == 0o444
+
+
+def test_read_only_folder_is_a_one_line_error(tmp_path):
+    """The backup and the temporary file go beside the config: a folder we cannot write is refused
+    before the config is touched (as root, simulated by a folder that is really a file)."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    snap = E.snapshot(cfg)
+    new = E.render(snap, [("model.cpu_offloading", False)])
+    gone = E.Snapshot(tmp_path / "not-a-dir" / "cfg.yaml", snap.text, snap.sha256)
+    (tmp_path / "not-a-dir").write_text("a file")
+    with pytest.raises(E.EditError):
+        E.write(gone, new)
+    assert cfg.read_text() == TINY.read_text()
