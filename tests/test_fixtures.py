@@ -53,6 +53,8 @@ def test_fixture_root_cause(case, capsys):
     summary = {k: got[k] for k in ("signature", "category", "rank", "line")} | {"file": _rel(got["file"])}
     assert summary == {k: want[k] for k in ("signature", "category", "rank", "line", "file")}, (
         f"{case['path']}: got {summary}, text={got['text'][:160]!r}")
+    if "confidence" in want:  # the config printed in the log confirms the diagnosis
+        assert got["confidence"] == want["confidence"], (got["confidence"], got["because"])
     for sig in case.get("set_aside_includes", []):
         assert sig in {s["signature"] for s in got["set_aside"]}, (sig, got["set_aside"])
 
