@@ -29,6 +29,16 @@ pytestmark = pytest.mark.mcore
 MCORE_VERSION = getattr(mcore, "__version__", "0.16.1")
 VERSIONS = {"megatron-core": MCORE_VERSION}
 BASE = dict(num_layers=4, hidden_size=64, num_attention_heads=4)
+
+
+def before_0_18(old_id: str, new_id: str) -> str:
+    """Signatures split at MCore 0.18 (cuda_graph_impl="full_iteration"): the id for this version."""
+    from packaging.version import Version
+
+    return old_id if Version(MCORE_VERSION) < Version("0.18") else new_id
+
+
+CUDA_GRAPH_OFFLOAD = before_0_18("MB-OFF-006", "MB-OFF-007")
 F32 = {"pipeline_dtype": torch.float32}
 
 _SITE = re.compile(r'File "[^"]*?/(?:site|dist)-packages/')
@@ -120,13 +130,13 @@ OFFLOAD = [
                                              fine_grained_activation_offloading=True, offload_modules=["core_attn"]),
      "MB-OFF-004", "config_fine_grained_conflict", "cannot be enabled with cpu_offloading"),
     ("cuda-graph-local", dict(cpu_offloading=True, cpu_offloading_num_layers=2, cuda_graph_impl="local"),
-     "MB-OFF-006", "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
+     CUDA_GRAPH_OFFLOAD, "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
     ("cuda-graph-te", dict(cpu_offloading=True, cpu_offloading_num_layers=2, cuda_graph_impl="transformer_engine"),
-     "MB-OFF-006", "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
+     CUDA_GRAPH_OFFLOAD, "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
     ("enable-cuda-graph", dict(cpu_offloading=True, cpu_offloading_num_layers=2, enable_cuda_graph=True),
-     "MB-OFF-006", "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
+     CUDA_GRAPH_OFFLOAD, "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
     ("external-cuda-graph", dict(cpu_offloading=True, cpu_offloading_num_layers=2, external_cuda_graph=True),
-     "MB-OFF-006", "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
+     CUDA_GRAPH_OFFLOAD, "config_cuda_graph_cpu_offload", "CUDA graphs not supported with CPU offloading"),
     ("fine-grained-empty-modules", dict(fine_grained_activation_offloading=True, offload_modules=[]),
      "MB-OFF-020", "config_other", ""),
     ("fine-grained-invalid-module", dict(fine_grained_activation_offloading=True, offload_modules=["bogus"]),
@@ -176,7 +186,7 @@ CONFIG = [
     ("full-recompute-with-scoped-cuda-graph", dict(recompute_granularity="full", recompute_method="uniform",
                                                    recompute_num_layers=1, cuda_graph_impl="transformer_engine"),
      "MB-CFG-020", "config_other", "full iteration CUDA graph"),
-    ("invalid-cuda-graph-impl", dict(cuda_graph_impl="bogus"), "MB-CFG-022", "config_other",
+    ("invalid-cuda-graph-impl", dict(cuda_graph_impl="bogus"), before_0_18("MB-CFG-052", "MB-CFG-022"), "config_other",
      "Invalid cuda graph implementation"),
     ("a2a-overlap-without-ep", dict(num_moe_experts=4, overlap_moe_expert_parallel_comm=True), "MB-CFG-028",
      "config_other", "overlap_moe_expert_parallel_comm"),
