@@ -19,8 +19,8 @@ LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 EXPECTED = yaml.safe_load((LOGS / "expected.yaml").read_text())["fixtures"]
 
 
-def _run(capsys, path: Path) -> dict:
-    code = main([str(path), "--format", "json", "-q"])
+def _run(capsys, path: Path, engine: str = "auto") -> dict:
+    code = main([str(path), "--format", "json", "-q", "--engine", engine])
     out = capsys.readouterr().out
     doc = json.loads(out)
     rc = doc["root_cause"]
@@ -38,11 +38,14 @@ def _rel(p: str) -> str:
     return p.split(marker, 1)[1] if marker in p else p
 
 
+@pytest.mark.parametrize("engine", ["regex", "hyperscan"])
 @pytest.mark.parametrize("case", EXPECTED, ids=[c["path"] for c in EXPECTED])
-def test_fixture_root_cause(case, capsys):
+def test_fixture_root_cause(case, engine, capsys):
+    if engine == "hyperscan":
+        pytest.importorskip("hyperscan")
     path = LOGS / case["path"]
     assert path.exists(), f"{path} missing: run fixtures/gen/make_synthetic_logs.py / make_real_logs.py"
-    doc = _run(capsys, path)
+    doc = _run(capsys, path, engine)
     want = case["root_cause"]
     got = doc["root_cause"]
     if want is None:
