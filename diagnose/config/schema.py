@@ -189,7 +189,7 @@ def validate(data: dict, skip: tuple = ()) -> list[str]:
             path = f"{sec}.{k}"
             if path in skip:
                 continue
-            name = k.split(".")[-1]
+            name = str(k).split(".")[-1]
             t = keys.get(name)
             if t is None:
                 problems.append(f"{path}: unknown key")

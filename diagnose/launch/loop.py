@@ -46,8 +46,11 @@ class History:
         data = (json.dumps(record, sort_keys=False, default=str) + "\n").encode("utf-8")
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
+                end = os.fstat(fd).st_size
+                if end and os.pread(fd, 1, end - 1) != b"\n":  # a record torn by a kill: end it
+                    data = b"\n" + data
                 os.write(fd, data)
                 os.fsync(fd)
             finally:
@@ -58,7 +61,14 @@ class History:
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []
-        return [json.loads(l) for l in self.path.read_text(encoding="utf-8").splitlines() if l.strip()]
+        out = []
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # a record torn by a kill -9 or a full disk: the others still count
+        return out
 
 
 def root_json(report: Optional[Report]) -> Optional[dict]:
