@@ -178,3 +178,26 @@ def test_ctrl_c_ends_the_job_and_leaves_the_history_whole(tmp_path):
     lines = (tmp_path / "h.jsonl").read_text().splitlines()
     recs = [json.loads(l) for l in lines]  # every line is whole JSON
     assert recs[-1]["outcome"] == "interrupted" and recs[-1]["job_id"]
+
+
+def test_new_root_cause_is_planned_then_same_cause_returns_exit_5(tmp_path):
+    """No log: the preflight fixes the config errors MCore would raise (layers out of range,
+    recompute with offload); the relaunched run dies of the next real MCore error (CPU offloading
+    without Transformer Engine), which is planned and applied in attempt 2; it comes back (TE is not
+    installed here), so the loop stops with exit 5. Every attempt is in the history."""
+    doc = yaml.safe_load(CFG.read_text())
+    doc["model"].update(pipeline_model_parallel_size=1, cpu_offloading_num_layers=2, recompute_granularity="full",
+                        recompute_method="uniform", recompute_num_layers=1)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(doc, sort_keys=True))
+    r = diagnose("--fix", "cfg.yaml", "--relaunch", "--launcher", "local", "--launch-cmd", train_cmd(),
+                 "--history", "h.jsonl", cwd=tmp_path)
+    assert r.returncode == exitcodes.RELAUNCH_FAILED, r.stderr
+    recs = history(tmp_path / "h.jsonl")
+    assert [r["attempt"] for r in recs] == [1, 2]
+    assert {"MB-OFF-001", "MB-OFF-003"} <= set(recs[0]["planned_for"])
+    assert recs[0]["root_cause"]["signature"] == "MB-OFF-010"  # AssertionError: ... TE is not present
+    assert recs[1]["planned_for"] == ["MB-OFF-010"] and "+  transformer_impl: transformer_engine" in recs[1]["diff"]
+    assert recs[1]["root_cause"]["signature"] == "MB-OFF-010"
+    assert "same root cause MB-OFF-010 came back after its fix" in r.stderr
+    final = yaml.safe_load((tmp_path / "cfg.yaml").read_text())["model"]
+    assert final["cpu_offloading_num_layers"] == 1 and final["recompute_granularity"] is None

@@ -65,6 +65,8 @@ def _planner(db, world_size, gpu, gpu_memory, allow_unsafe):
 
 def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launcher_kind, launch_cmd,
             max_attempts, history_path, world_size, gpu, gpu_memory, db, versions, engine, fmt, quiet) -> int:
+    if relaunch and dry_run:
+        raise click.UsageError("--dry-run writes nothing, so it cannot be combined with --relaunch")
     st = _settings()
     cfg = _load(fix_path)
     snap = _snapshot(fix_path)
