@@ -50,10 +50,13 @@ _YAML_LINE = re.compile(r"^(\s*)(?:- |[\w.\-]+:(?:\s|$)|-$)")
 _STEP_TIME = re.compile(r"Step Time : ([\d.]+)s")
 
 
+_INT = re.compile(r"[+-]?\d+")
+
+
 def _num(s: str):
     s = s.strip()
     try:
-        if re.fullmatch(r"[+-]?\d+", s):
+        if _INT.fullmatch(s):
             return int(s)
         return float(s)
     except ValueError:
