@@ -103,6 +103,8 @@ def load_config(path: str, strict: bool = False) -> RunConfig:
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, optimizer:, ...), got {type(doc).__name__}")
     _check_expansion(doc, path)
     data = strip_targets(doc)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level holds only a _target_, no sections (model:, optimizer:, ...)")
     if strict:
         check_keys(data, path)
     return normalize(RunConfig(data, path))
@@ -115,7 +117,8 @@ def check_keys(data: dict, source: str, skip: tuple = ()) -> None:
     problems = validate(data, skip)
     if problems:
         more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
-        raise ConfigError(f"{source}: {problems[0]}{more}")
+        first = problems[0].replace("\r", "\\r").replace("\n", "\\n")  # a key may hold a newline
+        raise ConfigError(f"{source}: {first}{more}")
 
 
 def _from_log_text(text: str, path: str) -> RunConfig:

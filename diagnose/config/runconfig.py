@@ -134,7 +134,10 @@ def from_log_blocks(blocks: list) -> Optional[RunConfig]:
         elif kind == "bridge_summary":
             part = from_bridge_summary(doc, src)
         else:
-            part = normalize(RunConfig(strip_targets(doc), src))
+            data = strip_targets(doc)
+            if not isinstance(data, dict):  # a block that held only a _target_
+                continue
+            part = normalize(RunConfig(data, src))
         cfg = part if cfg is None else cfg.merge(part)
     return cfg
 
