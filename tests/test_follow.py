@@ -99,7 +99,8 @@ def test_cli_follow_prints_findings_live_and_stops_at_the_fatal_line(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        time.sleep(3.0)  # let it start and import
+        assert "following" in proc.stderr.readline()  # started (imports done) and following
+        time.sleep(0.2)
         t_write = time.monotonic()
         _append(log, OOM + "\n")
         line = proc.stdout.readline()  # the live line for the first finding

@@ -179,6 +179,7 @@ def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s:
     fol = Follower(path, db, cfg)
     if not Path(path).exists():
         _err(f"diagnose: waiting for {path} to appear", quiet)
+    _err(f"diagnose: following {path} (Ctrl-C to stop)", quiet)
     try:
         while True:
             for f in fol.poll():
