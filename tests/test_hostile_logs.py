@@ -412,3 +412,24 @@ def test_stdin_with_hostile_bytes(tmp_path):
                        capture_output=True, timeout=120, cwd=str(REPO))
     assert r.returncode == 1, r.stderr
     assert "MB-GEN-001" in {f["signature"] for f in json.loads(r.stdout)["findings"]}
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_parallel_scan_reports_the_same_notes(run_cli, tmp_path):
+    """--jobs (one process per file) meets the same hostile folder as the serial scan."""
+    d = tmp_path / "logs"
+    d.mkdir()
+    (d / "a.log").write_bytes(b"x" * 100 + b"\n" + TRACEBACK)
+    _, gz = _gz_log()
+    (d / "b.gz").write_bytes(gz[: len(gz) // 2])
+    (d / "c.gz").write_bytes(b"\x1f\x8b\x08\x00" + b"\xff" * 64)
+    (d / "d.bin").write_bytes(bytes(range(256)) * 100)
+    os.mkfifo(d / "fifo")
+    (d / "dangling").symlink_to(tmp_path / "nowhere")
+    (d / "up").symlink_to("..")
+    code1, serial, _ = _scan(run_cli, d)
+    code2, par, _ = _scan(run_cli, d, extra=("--jobs", "2"))
+    assert code1 == code2 == 1
+    assert serial["inputs"] == par["inputs"] == [str(d / "a.log"), str(d / "b.gz"), str(d / "d.bin")]
+    assert serial["notes"] == par["notes"] and len(serial["notes"]) == 5
+    assert _ids(serial) == _ids(par)
