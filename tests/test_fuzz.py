@@ -125,30 +125,40 @@ def test_fuzz_reader_gzip():
     _report("reader_gzip", N_READER_GZIP)
 
 
-_SCANNER = None
+_SCANNERS: dict = {}
 
 
-def _scanner():
-    global _SCANNER
-    if _SCANNER is None:
+def _scanner(engine=None):
+    if engine not in _SCANNERS:
         from diagnose import db as DB
 
-        _SCANNER = scanner_for(DB.load())
-    return _SCANNER
+        _SCANNERS[engine] = scanner_for(DB.load(), engine)
+    return _SCANNERS[engine]
+
+
+def _engines():
+    from diagnose.match.engine import available_engines
+
+    return sorted(available_engines())
 
 
 @settings(max_examples=N_SCAN_BYTES, **FUZZ)
 @given(data=hostile_bytes, name=st.sampled_from(["run.log", "rank3.log", "logs/rank_12/out.txt", "-"]))
 def _prop_scan_bytes(data, name):
-    """Raw bytes straight through the scanner and the analysis (the CLI's whole pipeline)."""
+    """Raw bytes straight through the scanner and the analysis (the CLI's whole pipeline), with
+    every installed engine: all of them find the same signatures on the same lines."""
     _count("scan_bytes")
-    sc = _scanner()
-    res = ScanResult(Findings(), S.Structure(), [], engine=sc.engine.name)
-    sc.scan_chunk(R.Chunk(data, 1, 0), name, 0, res)
-    sc._close_blocks(res)
-    res.sources.append(name)
-    report = analyze(sc.db, res)
-    assert report.lines_read >= data.count(b"\n")
+    seen = []
+    for engine in _engines():
+        sc = _scanner(engine)
+        res = ScanResult(Findings(), S.Structure(), [], engine=sc.engine.name)
+        sc.scan_chunk(R.Chunk(data, 1, 0), name, 0, res)
+        sc._close_blocks(res)
+        res.sources.append(name)
+        report = analyze(sc.db, res)
+        assert report.lines_read >= data.count(b"\n")
+        seen.append(sorted((f.signature.id, f.first.line) for f in report.findings))
+    assert all(x == seen[0] for x in seen), seen
 
 
 def test_fuzz_scan_bytes():
