@@ -11,7 +11,6 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import click
 
