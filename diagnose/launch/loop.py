@@ -218,7 +218,7 @@ class RelaunchLoop:
             record = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "attempt": attempt,
                       "config": str(self.config_path) if self.config_path else None,
                       "planned_for": [s.id for s in plan.causes], "diff": diff, "overrides": list(self.overrides),
-                      "launcher": self.launcher.name}
+                      "launcher": self.launcher.name, "plan": PL.to_json(plan)}
             try:
                 job = self.launcher.start(list(self.overrides), log_path)
             except LaunchError as exc:
