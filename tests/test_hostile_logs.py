@@ -149,6 +149,28 @@ def test_gzip_reader_returns_every_byte_before_the_damage(tmp_path):
     assert len(notes) == 1 and f"after {len(got)} bytes" in notes[0]
 
 
+def test_gzip_corruption_loses_nothing_before_the_defect(tmp_path):
+    """A defect in the middle: the reader yields exactly what zlib, fed byte by byte, can decode
+    before it (the whole failed slice is salvaged, not dropped)."""
+    body, gz = _gz_log(200_000)
+    bad = bytearray(gz)
+    mid = int(len(bad) * 0.6)
+    bad[mid:mid + 32] = b"\xff" * 32
+    p = tmp_path / "mid.gz"
+    p.write_bytes(bytes(bad))
+    d, ref = zlib.decompressobj(31), []
+    for i in range(len(bad)):
+        try:
+            ref.append(d.decompress(bytes(bad[i:i + 1])))
+        except zlib.error:
+            break
+    ref = b"".join(ref)
+    notes = []
+    got = b"".join(c.data for c in R.read_chunks(R.Source(str(p), p), notes))
+    assert len(ref) > len(body) // 3
+    assert got == ref and len(notes) == 1 and f"after {len(ref)} bytes" in notes[0]
+
+
 def test_gzip_corrupt_from_the_start_is_unreadable(run_cli, tmp_path):
     p = tmp_path / "bad.gz"
     p.write_bytes(b"\x1f\x8b\x08\x00" + b"\xff" * 300)

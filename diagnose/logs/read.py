@@ -135,13 +135,15 @@ class _Gunzip:
     """Incremental gzip reader (multi-member) that keeps the data before a defect.
 
     ``gzip.GzipFile.read(n)`` drops everything it decompressed in a call that then hits a
-    truncated or corrupt stream. Here the compressed input is fed in small slices, the data
-    decompressed before the defect is returned first and the error is raised by the next
-    ``read``. Output per call is bounded by ``n`` (a gzip bomb streams like a big log).
+    truncated or corrupt stream. Here a slice that fails is decompressed again from a copy of the
+    decompressor's state, in small steps, so everything before the defect comes out; it is
+    returned first and the error is raised by the next ``read``. Output per call is bounded by
+    about ``n`` (a gzip bomb streams like a big log).
     """
 
     IN = 256 << 10  # compressed bytes read at a time
-    SLICE = 16 << 10  # compressed bytes per decompress call (at most this much is lost at a defect)
+    SLICE = 256 << 10  # compressed bytes per decompress call
+    STEP = 256  # compressed bytes per step when salvaging a slice that failed
 
     def __init__(self, raw):
         self.raw = raw
@@ -180,9 +182,11 @@ class _Gunzip:
                 self.d = zlib.decompressobj(31)
                 self.in_member = True
             piece_in = self.buf[self.pos:self.pos + self.SLICE]
+            before = self.d.copy()
             try:
                 piece = self.d.decompress(piece_in, n - got)
             except zlib.error as exc:
+                out.append(self._salvage(before, piece_in, n - got))
                 self.err, self.done = exc, True
                 break
             out.append(piece)
@@ -197,6 +201,26 @@ class _Gunzip:
             err, self.err = self.err, None
             raise err
         return data
+
+    def _salvage(self, d, data: bytes, limit: int) -> bytes:
+        """What ``d`` yields from ``data`` before the defect, fed in small steps."""
+        out, total = [], 0
+        for i in range(0, len(data), self.STEP):
+            prev = d.copy()
+            try:
+                piece = d.decompress(data[i:i + self.STEP])
+            except zlib.error:
+                for j in range(i, min(i + self.STEP, len(data))):  # the last step, byte by byte
+                    try:
+                        out.append(prev.decompress(data[j:j + 1]))
+                    except zlib.error:
+                        break
+                break
+            out.append(piece)
+            total += len(piece)
+            if total >= limit or d.eof:
+                break
+        return b"".join(out)
 
 
 def _open(source: Source):
