@@ -82,9 +82,14 @@ def default_path() -> Path:
     return Path(__file__).resolve().parent / "_db"
 
 
-@lru_cache(maxsize=8)
 def load(path: Optional[str] = None) -> Database:
-    root = Path(path) if path else default_path()
+    """The database in ``path`` (default: default_path()), loaded once per folder."""
+    return _load(str(Path(path) if path else default_path()))
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> Database:
+    root = Path(path)
     if not root.is_dir():
         raise DatabaseError(f"{root}: signature database folder not found")
     files = sorted(p for p in root.glob("*.yaml"))

@@ -12,6 +12,9 @@ from diagnose.config import mcore  # noqa: E402
 
 pytestmark = [pytest.mark.mcore, pytest.mark.slow]
 CFG = "fixtures/configs"
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -57,9 +60,21 @@ def test_mcore_accepts_the_good_configs(run_cli, name):
     assert any("built TransformerConfig and OptimizerConfig without an error" in n for n in doc["notes"])
 
 
-def test_an_mcore_message_no_signature_knows_is_still_reported(run_cli):
-    code, doc, _ = jcheck(run_cli, f"{CFG}/qwen3_30b_a3b_tp2_pp2_ep4.yaml", "model.add_bias_linear=true",
-                          "model.expert_tensor_parallel_size=2")
+def test_an_mcore_message_no_signature_knows_is_still_reported(run_cli, tmp_path, monkeypatch):
+    import re
+    import shutil
+
+    args = (f"{CFG}/qwen3_30b_a3b_tp2_pp2_ep4.yaml", "model.add_bias_linear=true", "model.expert_tensor_parallel_size=2")
+    code, doc, _ = jcheck(run_cli, *args)
+    assert code == 1 and "MB-CFG-053" in {f["signature"] for f in doc["findings"]}
+    # the same MCore error against a database that lacks its signature is still reported, unnamed
+    sigs = tmp_path / "sigs"
+    shutil.copytree(REPO / "signatures", sigs)
+    text = (sigs / "config.yaml").read_text()
+    text = re.sub(r"\n  - id: MB-CFG-053\n.*?(?=\n  - id: |\Z)", "\n", text, flags=re.S)
+    (sigs / "config.yaml").write_text(text)
+    monkeypatch.setenv("DIAGNOSE_SIGNATURES", str(sigs))
+    code, doc, _ = jcheck(run_cli, *args)
     assert code == 1
     unnamed = [f for f in doc["findings"] if f["signature"] is None]
     assert unnamed and "Bias in Moe is only supported when ETP==1" in unnamed[0]["evidence"]

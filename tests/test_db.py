@@ -26,7 +26,7 @@ def _write(tmp_path, body, name="fam.yaml", version=1):
     d = tmp_path / "sigs"
     d.mkdir(exist_ok=True)
     (d / name).write_text(f"schema_version: {version}\nsignatures:\n" + textwrap.dedent(body))
-    DB.load.cache_clear()
+    DB._load.cache_clear()
     return str(d)
 
 
