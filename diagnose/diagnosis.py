@@ -39,6 +39,8 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
                     config=cfg, config_source=cfg.source if cfg is not None else None,
                     structure=res.structure, notes=list(res.notes), bytes_read=res.bytes_read,
                     lines_read=res.lines_read, seconds=res.seconds)
+    if root is not None and cfg is not None:
+        _computed_overrides(report, root)
     report.metrics = metrics  # type: ignore[attr-defined]
     report.engine = res.engine  # type: ignore[attr-defined]
     return report
@@ -83,3 +85,23 @@ def diagnose_text(text: str, db: Optional[Database] = None, config: Optional[Run
     res.sources.append(name)
     res.bytes_read = len(data)
     return analyze(db, res, config)
+
+
+def _computed_overrides(report: Report, root) -> None:
+    """Where the root cause's fix is computed (PP, offload fraction ...), show the planner's answer.
+
+    The plan is what ``--fix`` would write (unsafe fixes included, labelled as such in the fixes
+    list); the report only shows it. A planner that finds nothing leaves the static overrides.
+    """
+    sig = root.finding.signature
+    if not any(fx.compute for fx in sig.fixes):
+        return
+    from .remedy import causes, plan as PL
+
+    try:
+        ctx = causes.context_from_report(report)
+        p = PL.plan([sig], report.config, ctx, allow_unsafe=True)
+    except Exception:  # noqa: BLE001 - the report must not fail because a plan could not be made
+        return
+    if p.overrides:
+        root.overrides = p.overrides
