@@ -156,7 +156,6 @@ class Scanner:
                     rank, msg = L.split_prefix(text)
                     if rank is None:
                         rank = file_rank
-                    t = L.timestamp(text)
                     # a traceback's source line ``raise ValueError("...")`` is not the failure: the
                     # exception line right below it carries the rendered message (and is the evidence)
                     source_raise = _SOURCE_RAISE.match(msg) is not None
@@ -165,6 +164,8 @@ class Scanner:
                 caps = self._verify(sig, msg)
                 if caps is None:
                     continue
+                if t is None:  # the time only for lines that hit (an anchor alone is often no hit)
+                    t = L.timestamp(text)
                 res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
                                           order=file_idx * 10**12 + line_no))
         res._blocks = open_blocks  # type: ignore[attr-defined]
