@@ -9,13 +9,10 @@ cores (hypothesis's example database is off so runs leave nothing behind).
 from __future__ import annotations
 
 import gzip
-import os
 import random
 import tempfile
-import zlib
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

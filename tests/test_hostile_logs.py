@@ -260,24 +260,21 @@ def test_huge_line_cli_peak_memory(tmp_path):
         for _ in range(100):
             fh.write(block)
         fh.write(b"\n" + TRACEBACK)
-    out, err = tmp_path / "out.json", tmp_path / "err.txt"
-    code = "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))"
-    with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen([sys.executable, "-c", code, str(p), "--format", "json", "-q"], stdout=o, stderr=e,
-                                cwd=str(REPO))
-    t = time.monotonic()
-    while True:  # wait4: this child's own peak RSS (RUSAGE_CHILDREN would mix in other tests' children)
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        assert time.monotonic() - t < 300, "the scan of a 100 MB line did not finish"
-        time.sleep(0.05)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 1, err.read_text()
-    assert "Traceback" not in err.read_text()
-    report = json.loads(out.read_text())
+    # The child reports its own high-water RSS (VmHWM of its post-exec address space); the
+    # rusage of a child would include the pytest parent's memory copied at fork.
+    code = ("import sys; from diagnose.cli import main; rc = main(sys.argv[1:]); "
+            "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')] "
+            "if sys.platform.startswith('linux') else []; "
+            "sys.stderr.write('HWM_KB %s\\n' % (hwm[0] if hwm else -1)); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(p), "--format", "json", "-q"], capture_output=True,
+                       text=True, timeout=300, cwd=str(REPO))
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    report = json.loads(r.stdout)
     assert report["findings"][0]["first"]["line"] == 4  # the traceback's exception line, after the long one
-    assert usage.ru_maxrss < 400 * 1024, f"peak RSS {usage.ru_maxrss} kB"
+    hwm_kb = int(r.stderr.split("HWM_KB ")[1].split()[0])
+    if hwm_kb >= 0:
+        assert hwm_kb < 400 * 1024, f"peak RSS {hwm_kb} kB"
 
 
 # ----------------------------------------------------------------------------- the file system
