@@ -8,8 +8,10 @@ cores (hypothesis's example database is off so runs leave nothing behind).
 """
 from __future__ import annotations
 
+import atexit
 import gzip
 import random
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -42,6 +44,7 @@ TOTAL = (N_READER_PLAIN + N_READER_GZIP + N_SCAN_BYTES + N_STRUCTURE + N_LINES +
          + N_OVERRIDES)
 
 _TMP = Path(tempfile.mkdtemp(prefix="diagnose-fuzz-"))
+atexit.register(shutil.rmtree, _TMP, True)
 
 
 def _count(name: str):
