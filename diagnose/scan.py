@@ -115,7 +115,9 @@ class Scanner:
             if progress:
                 progress(len(chunk.data))
         # read = some data came, or an empty file opened without a problem (a note)
-        if got or (src.path is not None and len(res.notes) == n_notes):
+        if got or len(res.notes) == n_notes:
+            if not got and src.path is None:
+                res.notes.append("-: standard input was empty")
             res.sources.append(src.name)
         self._close_blocks(res)
 
