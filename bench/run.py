@@ -17,8 +17,8 @@ page cache, then each command runs ``--repeat`` times and the fastest run counts
 ``-c`` (count matching lines) is the cheapest mode for rg and grep, so the comparison is
 conservative; ``diagnose`` does much more per line (rank prefixes, regexes, structure, one
 root cause). For each run: wall time, MB/s (input bytes / wall time, process start-up
-included), the ratio to rg on one core, and the peak RSS of the largest process (wait4's
-``ru_maxrss``, as ``/usr/bin/time -v`` reports it). The findings of the engines are compared:
+included), the ratio to rg on one core, and the peak RSS of the largest process (GNU time's
+``%M``, i.e. wait4's ``ru_maxrss`` of a child of ``/usr/bin/time``). The findings of the engines are compared:
 the root cause and every signature's count must be the same.
 """
 from __future__ import annotations
@@ -51,21 +51,39 @@ def warm(path: Path):
                 pass
 
 
+GNU_TIME = "/usr/bin/time"
+
+
 def run_once(cmd: list, env=None) -> tuple[float, int, int, str]:
-    """(wall seconds, peak RSS in bytes of the largest process, exit code, stderr tail)."""
+    """(wall seconds, peak RSS in bytes of the largest process, exit code, stderr tail).
+
+    The RSS comes from GNU time's ``%M`` when it is installed: a child started straight from this
+    Python process inherits this process's high-water mark through fork/exec (Linux keeps the
+    larger of the two), so wait4 here would never report less than the runner's own ~40 MB.
+    """
     err = tempfile.TemporaryFile()
+    rss_file = tempfile.NamedTemporaryFile(suffix=".rss", delete=False)
+    rss_file.close()
+    wrapped = [GNU_TIME, "-f", "%M", "-o", rss_file.name] + cmd if os.path.exists(GNU_TIME) else cmd
     t0 = time.perf_counter()
     # stdout to a file, never /dev/null: GNU grep treats -c >/dev/null like -q and stops at the first match
     out = tempfile.TemporaryFile()
-    p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+    p = subprocess.Popen(wrapped, stdout=out, stderr=err, env=env)
     _pid, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
+    rss = ru.ru_maxrss * 1024
+    try:
+        kb = Path(rss_file.name).read_text().split()
+        if wrapped is not cmd and kb and kb[-1].isdigit():
+            rss = int(kb[-1]) * 1024
+    finally:
+        os.unlink(rss_file.name)
     err.seek(0)
     tail = err.read()[-400:].decode("utf-8", "replace")
     out.seek(0)
     run_once.stdout = out.read(4096).decode("utf-8", "replace")
-    return wall, ru.ru_maxrss * 1024, p.returncode, tail
+    return wall, rss, p.returncode, tail
 
 
 def diagnose_cmd() -> list:
