@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from diagnose.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 EXPECTED = yaml.safe_load((LOGS / "expected.yaml").read_text())["fixtures"]
@@ -82,7 +85,9 @@ def test_fixtures_hold_no_absolute_path_of_this_machine():
         if not p.is_file():
             continue
         data = gzip.open(p).read() if p.suffix == ".gz" else p.read_bytes()
-        for bad in (b"/work/", b"/home/", b"site-packages/../", str(Path.home()).encode() + b"/"):
+        # the checkout's own parent folder, the home folder, the interpreter's prefix
+        machine = {str(REPO_ROOT.parent), str(Path.home()), sys.prefix, sys.base_prefix}
+        for bad in [b"site-packages/../"] + [m.encode() + b"/" for m in machine if len(m) > 1]:
             assert bad not in data, (p, bad)
 
 
