@@ -191,7 +191,7 @@ def render(snap: Snapshot, changes: Iterable[tuple[str, Any]]) -> str:
 
 
 def unified_diff(old: str, new: str, path: str | os.PathLike) -> str:
-    name = str(path)
+    name = str(path).lstrip("/")  # git's a/ b/ prefixes, also for an absolute path
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=f"a/{name}", tofile=f"b/{name}"))
 
