@@ -27,7 +27,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when availabl
 
 _SIG_FIELDS = {
     "id", "slug", "title", "category", "severity", "role", "scope", "match", "cause", "confirm",
-    "fixes", "references", "applies", "tests", "priority", "supersedes", "refines", "metric",
+    "fixes", "references", "applies", "tests", "priority", "supersedes", "demoted_by", "refines", "metric",
     "preflight", "docs", "version", "last_verified", "aliases", "tags",
 }
 _MATCH_FIELDS = {"anchors", "regex", "captures_when"}
@@ -106,7 +106,7 @@ def _load(path: str) -> Database:
             sigs.append(sig)
     db = Database(sigs, files=[f.name for f in files])
     for s in sigs:
-        for ref in (*s.supersedes, *[r for r in s.refines if not r.startswith("category:")]):
+        for ref in (*s.supersedes, *s.demoted_by, *[r for r in s.refines if not r.startswith("category:")]):
             if ref not in db.by_id:
                 raise DatabaseError(f"{s.file}: {s.id}: refers to unknown signature {ref!r}")
     return db
@@ -448,7 +448,8 @@ def _build(raw: dict, fname: str) -> Signature:
         references=tuple(r if isinstance(r, dict) else {"path": str(r)} for r in refs),
         applies={k: str(v) for k, v in applies.items()}, tests_match=tm, tests_no_match=tn,
         file=fname, priority=int(raw.get("priority", 50)),
-        supersedes=tuple(raw.get("supersedes") or ()), refines=refines,
+        supersedes=tuple(raw.get("supersedes") or ()), demoted_by=tuple(raw.get("demoted_by") or ()),
+        refines=refines,
         metric=raw.get("metric"), when_captures=match.get("captures_when"),
         preflight=bool(raw.get("preflight", False)), docs=raw.get("docs"),
         version=int(raw.get("version", 1)), last_verified=str(raw.get("last_verified") or "") or None,

@@ -74,6 +74,7 @@ class Signature:
     file: str
     priority: int = 50
     supersedes: tuple[str, ...] = ()
+    demoted_by: tuple[str, ...] = ()  # with any of these present, this root is only a cascade
     refines: tuple[str, ...] = ()  # ids or "category:<cat>" this signature sharpens
     metric: Optional[str] = None  # predicate over metrics (scope metric)
     when_captures: Optional[str] = None  # predicate over the regex captures (scope refine)

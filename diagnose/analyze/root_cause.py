@@ -94,7 +94,12 @@ def add_unexplained_exceptions(db: Database, findings: Findings, structure, cove
 
 def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list) -> Optional[RootCause]:
     allf = findings.all()
-    roots = [f for f in allf if f.signature.role == "root" and f.signature.id != GENERIC_EXCEPTION_ID]
+    present = {f.signature.id for f in allf}
+    # a root whose evidence another finding explains (torchrun's own SIGKILL of a stuck worker
+    # explains an "exitcode -9") counts as a cascade
+    demoted = {f.signature.id for f in allf if set(f.signature.demoted_by) & present}
+    roots = [f for f in allf if f.signature.role == "root" and f.signature.id != GENERIC_EXCEPTION_ID
+             and f.signature.id not in demoted]
     chosen: Optional[Finding] = None
     if roots:
         top = max(SEVERITY_RANK[f.signature.severity] for f in roots)
@@ -107,7 +112,8 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
             if chosen.signature.id in f.signature.supersedes:
                 chosen = f
     else:
-        cands = [f for f in allf if f.signature.role == "cascade" and f.signature.severity == "error"]
+        cands = [f for f in allf if (f.signature.role == "cascade" or f.signature.id in demoted)
+                 and f.signature.severity == "error"]
         generic = findings.get(GENERIC_EXCEPTION_ID)
         if generic:
             cands.append(generic)
@@ -134,7 +140,8 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
             v = P.lookup(roots_map, n)
             if v is not P.UNKNOWN:
                 because.append(f"{n} = {v!r}")
-    set_aside = [f for f in allf if f is not chosen and f.signature.role in ("cascade", "confirmation")]
+    set_aside = [f for f in allf if f is not chosen and (f.signature.role in ("cascade", "confirmation")
+                                                         or f.signature.id in demoted)]
     return RootCause(finding=finding, hit=hit, confidence="confirmed" if confirmed else "suspected",
                      because=because, set_aside=set_aside, overrides=static_overrides(sig, cfg, roots_map),
                      rank_source=rank_source, refines=chosen if refined is not None else None)

@@ -1,0 +1,68 @@
+"""Root-cause selection: roles, order across ranks, supersedes, demotion, refinement, healthy."""
+from diagnose.diagnosis import diagnose_text
+
+OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
+       "capacity of 79.11 GiB of which 1.23 GiB is free.")
+WATCHDOG = ("[rank{r}]:[E1130 10:{m:02d}:11.061727749 ProcessGroupNCCL.cpp:683] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=78, OpType=ALLREDUCE, NumelIn=80, NumelOut=80, Timeout(ms)=600000) "
+            "ran for 600096 milliseconds before timing out.")
+
+
+def _root(text, **kw):
+    rep = diagnose_text(text, **kw)
+    return rep, rep.root_cause
+
+
+def test_oom_on_one_rank_beats_watchdog_timeouts_on_the_others():
+    text = "\n".join([WATCHDOG.format(r=r, m=30) for r in (0, 1, 2)] + [OOM]) + "\n"
+    rep, rc = _root(text)
+    assert rc.finding.signature.category == "cuda_oom" and rc.hit.rank == 3
+    assert any(f.signature.id == "MB-NCCL-001" and f.count == 3 for f in rc.set_aside)
+
+
+def test_watchdog_alone_is_promoted_to_root():
+    _, rc = _root("\n".join(WATCHDOG.format(r=r, m=30) for r in (2, 0, 1)) + "\n")
+    assert rc.finding.signature.id == "MB-NCCL-001" and rc.hit.rank == 2
+
+
+def test_earliest_timestamp_wins_across_ranks_not_line_order():
+    late = "[rank5]: [2026-08-22 15:30:00] ValueError: CPU offloading can be done only for layers less than 4"
+    early = "[rank1]: [2026-08-22 15:20:00] ValueError: Currently there is no support for Pipeline parallelism with CPU offloading"
+    _, rc = _root(late + "\n" + early + "\n")
+    assert rc.finding.signature.id == "MB-OFF-002" and rc.hit.rank == 1
+
+
+def test_torchrun_sigkill_of_a_stuck_worker_is_not_a_host_oom():
+    kill = "  exitcode  : -9 (pid: 4422)\n  traceback : Signal 9 (SIGKILL) received by PID 4422\n"
+    alone = diagnose_text(kill).root_cause
+    assert alone.finding.signature.category == "host_oom"
+    forced = ("W0822 15:23:01.442000 4410 torch/distributed/elastic/multiprocessing/api.py:924] Unable to shutdown "
+              "process 4422 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL\n")
+    rc = diagnose_text("\n".join(WATCHDOG.format(r=r, m=30) for r in (0, 1)) + "\n" + forced + kill).root_cause
+    assert rc.finding.signature.id == "MB-NCCL-001"
+    assert any(f.signature.id == "MB-RUN-006" for f in rc.set_aside)
+
+
+def test_refinement_needs_the_config_and_confirms_it():
+    from diagnose.config.runconfig import RunConfig
+
+    _, rc = _root(OOM + "\n")
+    assert rc.finding.signature.id == "MB-OOM-001" and rc.confidence == "suspected"
+    cfg = RunConfig({"model": {"cpu_offloading": True, "pipeline_model_parallel_size": 1}})
+    _, rc = _root(OOM + "\n", config=cfg)
+    assert rc.finding.signature.id == "MB-OFF-101" and rc.confidence == "confirmed"
+    assert rc.refines.signature.id == "MB-OOM-001"
+
+
+def test_absurd_allocation_is_a_shape_bug():
+    _, rc = _root("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9120.50 GiB. GPU 1 has a total "
+                  "capacity of 79.11 GiB of which 20.00 GiB is free.\n")
+    assert rc.finding.signature.id == "MB-OOM-010"
+
+
+def test_warnings_only_is_healthy():
+    text = ("/usr/lib/python3/site-packages/x.py:1: FutureWarning: `torch.cuda.amp.custom_fwd(args...)` is "
+            "deprecated. Please use `torch.amp.custom_fwd(args..., device_type='cuda')` instead.\n"
+            "UserWarning: Transformer Engine and Apex are not installed. Falling back to Torch optimizers.\n")
+    rep, rc = _root(text)
+    assert rc is None
