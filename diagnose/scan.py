@@ -167,7 +167,7 @@ class Scanner:
                 if caps is None:
                     continue
                 if t is None:  # the time only for lines that hit (an anchor alone is often no hit)
-                    t = L.timestamp(text)
+                    t = L.timestamp(text, res.structure.year)
                 res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
                                           order=file_idx * 10**12 + line_no))
         res._blocks = open_blocks  # type: ignore[attr-defined]

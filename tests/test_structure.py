@@ -205,3 +205,14 @@ def test_lines_are_counted_across_chunks(tmp_path, monkeypatch):
     rep = diagnose_paths([str(p)])
     assert rep.root_cause.hit.line == 5001
     assert rep.lines_read == 5001
+
+
+def test_glog_timestamps_take_the_year_of_the_log():
+    text = (" [2024-03-01 10:00:00] iteration        1/      10 | consumed samples:            8 | elapsed time per "
+            "iteration (ms): 110.0 | lm loss: 5.5E+00 |\n"
+            "[rank1]:[E0301 10:05:00.000000000 ProcessGroupNCCL.cpp:683] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600100 "
+            "milliseconds before timing out.\n")
+    rep = diagnose_text(text)
+    assert rep.structure.year == 2024
+    assert rep.root_cause.hit.time == L.timestamp("[2024-03-01 10:05:00]")

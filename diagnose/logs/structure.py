@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import time
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
@@ -138,6 +139,7 @@ class Structure:
     step_times: list = field(default_factory=list)
     theoretical_mb: Optional[float] = None
     first_time: Optional[float] = None
+    year: Optional[int] = None  # from the first dated line: glog timestamps (E1130 ...) carry none
     last_time: Optional[float] = None
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
@@ -479,6 +481,8 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
     if key == "@iteration":
         p = parse_iteration(text, file, line)
         if p:
+            if p.time is not None and s.year is None:
+                s.year = time.gmtime(p.time).tm_year
             s.add_iteration(p, text)
     elif key == "@memory":
         m = parse_memory(text)
