@@ -107,7 +107,11 @@ def test_cli_follow_prints_findings_live_and_stops_at_the_fatal_line(tmp_path):
         lag = time.monotonic() - t_write
         assert "MB-OOM-001" in line or "MB-OOM-011" in line, line
         assert lag < 1.0, f"live line after {lag:.2f} s"
-        out, err = proc.communicate(timeout=30)
+        # read the rest through the same text wrappers: communicate() reads the raw pipes and would
+        # lose what readline() already buffered (the final report often arrives with the live line)
+        out = line + proc.stdout.read()
+        err = proc.stderr.read()
+        proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
