@@ -154,6 +154,19 @@ _QUANT = regex.compile(r"[*+?]|\{\d*(?:,\d*)?\}")
 _GROUP_HEAD = regex.compile(r"\?(?:P?<[^>]*>|[:>=!]|<[=!]|[a-zA-Z]+:|P=\w+\))?")
 
 
+def _skip_class(body: str, i: int) -> int:
+    """Index just past the character class that opens at ``body[i] == "["``."""
+    n = len(body)
+    i += 1
+    if i < n and body[i] == "^":
+        i += 1
+    if i < n and body[i] == "]":
+        i += 1
+    while i < n and body[i] != "]":
+        i += 2 if body[i] == "\\" else 1
+    return i + 1
+
+
 def _atoms(body: str):
     """Top-level atoms of a regex fragment: (text, quantifier or "") pairs and "|" separators."""
     i, n = 0, len(body)
@@ -167,14 +180,7 @@ def _atoms(body: str):
         if c == "\\":
             i += 2
         elif c == "[":
-            i += 1
-            if i < n and body[i] == "^":
-                i += 1
-            if i < n and body[i] == "]":
-                i += 1
-            while i < n and body[i] != "]":
-                i += 2 if body[i] == "\\" else 1
-            i += 1
+            i = _skip_class(body, i)
         elif c == "(":
             depth = 0
             while i < n:
@@ -182,14 +188,7 @@ def _atoms(body: str):
                     i += 2
                     continue
                 if body[i] == "[":  # skip a class inside the group
-                    j = i + 1
-                    if j < n and body[j] == "^":
-                        j += 1
-                    if j < n and body[j] == "]":
-                        j += 1
-                    while j < n and body[j] != "]":
-                        j += 2 if body[j] == "\\" else 1
-                    i = j + 1
+                    i = _skip_class(body, i)
                     continue
                 depth += body[i] == "("
                 depth -= body[i] == ")"

@@ -105,13 +105,14 @@ def _dotted(node) -> str | None:
     return None
 
 
-def lookup(roots: Mapping[str, Any], dotted: str):
+def lookup(roots: Mapping[str, Any], dotted: str, default: Any = UNKNOWN):
+    """The value at ``a.b.c`` in nested mappings, else ``default`` (UNKNOWN for predicates)."""
     cur: Any = roots
     for part in dotted.split("."):
         if isinstance(cur, Mapping) and part in cur:
             cur = cur[part]
         else:
-            return UNKNOWN
+            return default
     return cur
 
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ..predicate import UNKNOWN
+from ..predicate import UNKNOWN, lookup
 
 _MISSING = object()
 
@@ -31,13 +31,7 @@ class RunConfig:
 
     # dotted access -------------------------------------------------------------------------
     def get(self, dotted: str, default: Any = None):
-        cur: Any = self.data
-        for part in dotted.split("."):
-            if isinstance(cur, dict) and part in cur:
-                cur = cur[part]
-            else:
-                return default
-        return cur
+        return lookup(self.data, dotted, default)
 
     def has(self, dotted: str) -> bool:
         return self.get(dotted, _MISSING) is not _MISSING
