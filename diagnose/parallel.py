@@ -61,8 +61,7 @@ def _slim(res: ScanResult) -> ScanResult:
     """What goes back through the pipe: signatures by id (the parent has the database)."""
     for f in res.findings.by_id.values():
         f.signature = f.signature.id
-    for attr in ("_blocks", "_file_ranks"):
-        res.__dict__.pop(attr, None)
+    res.open_blocks, res.file_ranks = [], {}  # scan state (closed by scan_source): not sent back
     return res
 
 

@@ -69,6 +69,9 @@ class ScanResult:
     lines_read: int = 0
     seconds: float = 0.0
     engine: str = ""
+    # scan state: block readers still open at a chunk's end; the rank each file's name gives
+    open_blocks: list = field(default_factory=list, repr=False, compare=False)
+    file_ranks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def readable(self) -> bool:
@@ -85,6 +88,7 @@ class Scanner:
         anchors = {sid: s.anchors for sid, s in self.sigs.items()}
         anchors.update(S.ANCHORS)
         self.engine: Engine = make_engine(anchors, engine)
+        self._vcache: dict = {}  # (signature id, message) -> captures or None (see _verify)
 
     # one scanner state per input file
     def scan_paths(self, paths: Iterable[str], progress: Optional[Callable[[int], None]] = None,
@@ -123,18 +127,13 @@ class Scanner:
 
     def scan_chunk(self, chunk: R.Chunk, name: str, file_idx: int, res: ScanResult):
         data = chunk.data
-        blocks = getattr(res, "_blocks", None)
-        if blocks is None:
-            blocks = res._blocks = []  # type: ignore[attr-defined]
         # blocks still open from the previous chunk read on from this chunk's first line
-        open_blocks = [b for b in blocks if self._feed(b, data, 0, chunk.first_line)]
+        open_blocks = [b for b in res.open_blocks if self._feed(b, data, 0, chunk.first_line)]
         line_no, pos = chunk.first_line, 0
         count = data.count
-        file_rank = res._file_ranks.get(name, -1) if hasattr(res, "_file_ranks") else -1
-        if file_rank == -1:
-            if not hasattr(res, "_file_ranks"):
-                res._file_ranks = {}  # type: ignore[attr-defined]
-            file_rank = res._file_ranks[name] = rank_from_name(name)
+        if name not in res.file_ranks:
+            res.file_ranks[name] = rank_from_name(name)
+        file_rank = res.file_ranks[name]
         for start, end, keys in self.engine.scan(data):
             line_no += count(b"\n", pos, start)
             pos = start
@@ -170,7 +169,7 @@ class Scanner:
                     t = L.timestamp(text, res.structure.year)
                 res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
                                           order=file_idx * 10**12 + line_no))
-        res._blocks = open_blocks  # type: ignore[attr-defined]
+        res.open_blocks = open_blocks
         # newlines before ``pos`` were counted on the way (line_no); count only the rest
         res.lines_read += (line_no - chunk.first_line) + count(b"\n", pos) + (0 if data.endswith(b"\n") else 1)
 
@@ -181,7 +180,7 @@ class Scanner:
         """``verify`` with a memory: big logs repeat the same message on every rank (warnings, NCCL
         lines), and the prefix is already split off, so one regex run serves them all."""
         key = (sig.id, msg)
-        cache = self.__dict__.setdefault("_vcache", {})
+        cache = self._vcache
         caps = cache.get(key, cache)
         if caps is not cache:
             return caps
@@ -212,6 +211,6 @@ class Scanner:
 
     @staticmethod
     def _close_blocks(res: ScanResult):
-        for b in getattr(res, "_blocks", []) or []:
+        for b in res.open_blocks:
             b.finish()
-        res._blocks = []  # type: ignore[attr-defined]
+        res.open_blocks = []
