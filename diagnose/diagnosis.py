@@ -69,22 +69,28 @@ def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: 
     return analyze(db, res, config, baseline_ms)
 
 
-def diagnose_text(text: str, db: Optional[Database] = None, config: Optional[RunConfig] = None,
-                  name: str = "<text>", versions: Optional[dict] = None) -> Report:
-    """Diagnose a log held in memory (signature tests, follow mode)."""
+def scan_text(text: str, db: Optional[Database] = None, name: str = "<text>",
+              versions: Optional[dict] = None) -> ScanResult:
+    """Scan a log held in memory (one chunk) into a ScanResult."""
     from .analyze.findings import Findings
     from .logs import structure as S
     from .logs.read import Chunk
 
-    db = db or load()
-    sc = scanner_for(db, None, versions)
+    sc = scanner_for(db or load(), None, versions)
     res = ScanResult(Findings(), S.Structure(), [], engine=sc.engine.name)
     data = text.encode("utf-8")
     sc.scan_chunk(Chunk(data, 1, 0), name, 0, res)
     sc._close_blocks(res)
     res.sources.append(name)
     res.bytes_read = len(data)
-    return analyze(db, res, config)
+    return res
+
+
+def diagnose_text(text: str, db: Optional[Database] = None, config: Optional[RunConfig] = None,
+                  name: str = "<text>", versions: Optional[dict] = None) -> Report:
+    """Diagnose a log held in memory (signature tests, follow mode)."""
+    db = db or load()
+    return analyze(db, scan_text(text, db, name, versions), config)
 
 
 def _computed_overrides(report: Report, root) -> None:

@@ -122,19 +122,9 @@ def check_keys(data: dict, source: str, skip: tuple = ()) -> None:
 
 
 def _from_log_text(text: str, path: str) -> RunConfig:
-    from ..logs.read import Chunk
-    from ..logs import structure as S
-    from ..scan import Scanner
-    from ..db import load
+    from ..diagnosis import scan_text
 
-    sc = Scanner(load())
-    from ..scan import ScanResult
-    from ..analyze.findings import Findings
-
-    res = ScanResult(Findings(), S.Structure(), [])
-    sc.scan_chunk(Chunk(text.encode(), 1, 0), path, 0, res)
-    sc._close_blocks(res)
-    cfg = from_log_blocks(res.structure.config_blocks)
+    cfg = from_log_blocks(scan_text(text, name=path).structure.config_blocks)
     if cfg is None:
         raise ConfigError(f"{path}: no arguments block could be read")
     return cfg
