@@ -458,10 +458,10 @@ def compare(baseline_path: str, run_path: str, db=None, config: Optional[RunConf
     from .diagnosis import diagnose_paths
 
     db = db or load()
-    base_rep = diagnose_paths([baseline_path], db, None, None, versions)
+    base_rep = diagnose_paths([baseline_path], db, None, None, versions, sample=False)
     if not base_rep.inputs:
         raise CompareError(f"{baseline_path}: cannot be read" + (f" ({base_rep.notes[0]})" if base_rep.notes else ""))
-    run_rep = diagnose_paths([run_path], db, config, None, versions)
+    run_rep = diagnose_paths([run_path], db, config, None, versions, sample=False)
     if not run_rep.inputs:
         raise CompareError(f"{run_path}: cannot be read" + (f" ({run_rep.notes[0]})" if run_rep.notes else ""))
     base = side_from_report("baseline", [baseline_path], base_rep)

@@ -13,11 +13,12 @@ from .scan import Scanner, ScanResult
 _SCANNERS: dict = {}
 
 
-def scanner_for(db: Database, engine: Optional[str] = None, versions: Optional[dict] = None) -> Scanner:
-    key = (id(db), engine, tuple(sorted((versions or {}).items())))
+def scanner_for(db: Database, engine: Optional[str] = None, versions: Optional[dict] = None,
+                sample: bool = True) -> Scanner:
+    key = (id(db), engine, tuple(sorted((versions or {}).items())), sample)
     sc = _SCANNERS.get(key)
     if sc is None:
-        sc = _SCANNERS[key] = Scanner(db, engine, versions)
+        sc = _SCANNERS[key] = Scanner(db, engine, versions, sample)
     return sc
 
 
@@ -59,13 +60,15 @@ def _config_where(res: ScanResult, given: Optional[RunConfig]) -> tuple:
 def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: Optional[RunConfig] = None,
                    engine: Optional[str] = None, versions: Optional[dict] = None,
                    baseline_ms: Optional[float] = None,
-                   progress: Optional[Callable[[int], None]] = None, jobs: Optional[int] = None) -> Report:
+                   progress: Optional[Callable[[int], None]] = None, jobs: Optional[int] = None,
+                   sample: bool = True) -> Report:
     """Scan ``paths`` and analyze. ``jobs``: processes for many files (None: all cores when several
-    large files are given, 1: serial); the result is the serial scan's either way."""
+    large files are given, 1: serial); the result is the serial scan's either way. ``sample=False``
+    reads every iteration, memory and step-time line (``compare`` wants every point)."""
     from .parallel import scan_parallel
 
     db = db or load()
-    res = scan_parallel(scanner_for(db, engine, versions), list(paths), jobs, progress=progress)
+    res = scan_parallel(scanner_for(db, engine, versions, sample), list(paths), jobs, progress=progress)
     return analyze(db, res, config, baseline_ms)
 
 

@@ -38,10 +38,10 @@ _SCANNER: Optional[Scanner] = None
 _COUNTER = None
 
 
-def _init(db, engine, versions, counter):
+def _init(db, engine, versions, sample, counter):
     global _SCANNER, _COUNTER
     gc.disable()  # as in Scanner.scan_paths: nothing the scan allocates forms cycles
-    _SCANNER = Scanner(db, engine, versions)
+    _SCANNER = Scanner(db, engine, versions, sample)
     _COUNTER = counter
 
 
@@ -116,6 +116,12 @@ def merge_structure(dst: S.Structure, src: S.Structure):
                     a.append(c)
         elif name == "timers":
             a.update(b)
+        elif name in ("tally", "skipped"):
+            for k, v in b.items():
+                a[k] = a.get(k, 0) + v
+        elif name == "peaks":
+            for k, v in b.items():
+                dst.peak(k, v)
         elif name == "evidence":
             _merge_evidence(a, b)
         elif name == "first_time":
@@ -207,7 +213,7 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
     out = ScanResult(Findings(), S.Structure(), [], engine=scanner.engine.name)
     waiting: dict = {}  # results that came before an earlier file's: merged in file order, then dropped
     nxt = 0
-    with ctx.Pool(n, initializer=_init, initargs=(scanner.db, scanner.engine_name, scanner.versions, counter)) as pool:
+    with ctx.Pool(n, initializer=_init, initargs=(scanner.db, scanner.engine_name, scanner.versions, scanner.sample, counter)) as pool:
         it = pool.imap_unordered(_scan_one, tasks)
         seen = 0
         while nxt < len(sources):

@@ -79,15 +79,18 @@ class ScanResult:
 
 
 class Scanner:
-    def __init__(self, db: Database, engine: Optional[str] = None, versions: Optional[dict] = None):
+    def __init__(self, db: Database, engine: Optional[str] = None, versions: Optional[dict] = None,
+                 sample: bool = True):
+        """``sample``: big logs' iteration, memory and step-time lines are sampled (Engine.scan_sampled;
+        counts stay exact, anomalous lines are always read); ``compare`` wants every point."""
         from .db import applies_to
 
         self.db = db
-        self.engine_name, self.versions = engine, versions  # to build the same scanner in a worker
+        self.engine_name, self.versions, self.sample = engine, versions, sample  # the same scanner in a worker
         self.sigs = {s.id: s for s in db.line_signatures() if applies_to(s, versions or {})}
         anchors = {sid: s.anchors for sid, s in self.sigs.items()}
         anchors.update(S.ANCHORS)
-        self.engine: Engine = make_engine(anchors, engine)
+        self.engine: Engine = make_engine(anchors, engine, S.DENSE if sample else ())
         self._vcache: dict = {}  # (signature id, message) -> captures or None (see _verify)
 
     # one scanner state per input file
@@ -134,7 +137,8 @@ class Scanner:
         if name not in res.file_ranks:
             res.file_ranks[name] = rank_from_name(name)
         file_rank = res.file_ranks[name]
-        for start, end, keys in self.engine.scan(data):
+        lines, dense = self.engine.scan_sampled(data)
+        for start, end, keys in lines:
             line_no += count(b"\n", pos, start)
             pos = start
             text = L.clean(data[start:end])
@@ -142,6 +146,8 @@ class Scanner:
             source_raise = False
             for key in sorted(keys):
                 if key[0] == "@":
+                    if key in dense:
+                        dense[key] -= 1  # read: what is left was skipped
                     block = S.BLOCKS.get(key)
                     if block is None:
                         S.on_line(res.structure, key, text, name, line_no)
@@ -170,6 +176,10 @@ class Scanner:
                 res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
                                           order=file_idx * 10**12 + line_no))
         res.open_blocks = open_blocks
+        skipped = res.structure.skipped
+        for key, n in dense.items():
+            if n > 0:
+                skipped[key] = skipped.get(key, 0) + n
         # newlines before ``pos`` were counted on the way (line_no); count only the rest
         res.lines_read += (line_no - chunk.first_line) + count(b"\n", pos) + (0 if data.endswith(b"\n") else 1)
 

@@ -26,17 +26,14 @@ from typing import Optional
 from ..logs.structure import Structure
 
 
-def _is_bad(v: str) -> bool:
-    return str(v).strip().lower().lstrip("+-") in ("nan", "inf")
-
-
 def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
     m: dict = {}
     pts = [p for p in s.iterations]
+    t, peaks = s.tally, s.peaks
     if pts:
-        m["iterations"] = len(pts) * s.decimation
-        m["last_iteration"] = max(p.iteration for p in pts)
-        m["train_iters"] = max(p.train_iters for p in pts)
+        m["iterations"] = s.iteration_count()
+        m["last_iteration"] = peaks.get("last_iteration", max(p.iteration for p in pts))
+        m["train_iters"] = peaks.get("train_iters", max(p.train_iters for p in pts))
         times = [p.elapsed_ms for p in pts if p.elapsed_ms is not None and math.isfinite(p.elapsed_ms)]
         if times:
             m["iter_ms_median"] = median(times)
@@ -48,41 +45,25 @@ def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
                     m["iter_time_growth"] = m["iter_ms_last"] / m["iter_ms_first"]
             if baseline_ms:
                 m["slowdown"] = m["iter_ms_median"] / baseline_ms
-        loss_missing = loss_nan = gn_nan = 0
-        nan_rep = 0
-        for p in pts:
-            f = p.fields
-            losses = [v for k, v in f.items() if k.lower().endswith("loss")]
-            if not losses:
-                loss_missing += 1
-            elif any(_is_bad(v) for v in losses):
-                loss_nan += 1
-            if _is_bad(f.get("grad norm", "")):
-                gn_nan += 1
-            try:
-                nan_rep = max(nan_rep, int(f.get("number of nan iterations", "0").strip() or 0))
-            except ValueError:
-                pass
-        m["loss_missing_iters"] = loss_missing * s.decimation
-        m["loss_nan_iters"] = loss_nan * s.decimation
-        m["grad_norm_nan_iters"] = gn_nan * s.decimation
-        m["nan_iters_reported"] = nan_rep
+        # counted on every iteration line read (structure.Structure._iteration_evidence)
+        m["loss_missing_iters"] = t.get("loss_missing", 0)
+        m["loss_nan_iters"] = t.get("loss_nan", 0)
+        m["grad_norm_nan_iters"] = t.get("grad_norm_nan", 0)
+        m["nan_iters_reported"] = peaks.get("nan_reported", 0)
     elif s.step_times:
         m["iter_ms_median"] = median(s.step_times)
         if baseline_ms:
             m["slowdown"] = m["iter_ms_median"] / baseline_ms
-    t = s.timers
-    opt = t.get("optimizer")
-    fb = t.get("forward-backward")
+    tm = s.timers
+    opt = tm.get("optimizer")
+    fb = tm.get("forward-backward")
     if opt and fb and (opt[1] + fb[1]) > 0:
         m["optimizer_share"] = opt[1] / (opt[1] + fb[1])
-    mems = [r["values"].get("max_allocated") or r["values"].get("allocated") for r in s.memory]
-    mems = [x for x in mems if x is not None]
-    if mems:
-        m["mem_max_allocated_gb"] = max(mems)
-    retries = [r["values"].get("alloc_retries") for r in s.memory if r["values"].get("alloc_retries") is not None]
-    if len(retries) >= 2:
-        m["alloc_retries_growth"] = max(retries) - retries[0]
+    if peaks.get("mem_max_gb") is not None:
+        m["mem_max_allocated_gb"] = peaks["mem_max_gb"]
+    first = next((r["values"]["alloc_retries"] for r in s.memory if r["values"].get("alloc_retries") is not None), None)
+    if t.get("memory_retries_reports", 0) >= 2 and first is not None:
+        m["alloc_retries_growth"] = peaks["alloc_retries"] - first
     return m
 
 

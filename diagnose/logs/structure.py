@@ -33,7 +33,16 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@bridge_summary": ("Configuration Summary (Non-Default Values",),
     "@step_time": ("Step Time : ",),
     "@theoretical": ("Theoretical memory footprints:",),
+    # no parser: a line with one of these is never skipped by the sampling of dense lines (a NaN
+    # or Inf field value as Megatron prints it, a non-zero NaN-iteration count, allocator retries)
+    "@anomaly": tuple(f": {v} |" for v in ("nan", "NAN", "NaN", "-nan", "-NAN", "inf", "INF", "Inf",
+                                           "-inf", "-INF", "-Inf", "+inf", "+INF"))
+    + tuple(f"nan iterations:{' ' * (p + 1)}{d}" for p in range(3) for d in range(1, 10))
+    + tuple(f"mem-alloc-retires: {d}" for d in range(1, 10)),
 }
+# lines that come every few hundred bytes in a big log: the scan may sample them (match/engine.py
+# Engine.scan_sampled); every count and largest value still covers all of them, see Structure
+DENSE = ("@iteration", "@memory", "@step_time")
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 _FIELD = re.compile(r"\s*([A-Za-z][\w ()/\-.]*?):\s+([^|]*?)\s*(?=\||$)")
@@ -143,14 +152,29 @@ class Structure:
     last_time: Optional[float] = None
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
+    # over every line read, stored in the bounded lists above or not (scan.py's sampling, the
+    # decimation of ``iterations``): counts (summed across files) and largest values
+    tally: dict = field(default_factory=dict)  # iterations, loss_missing, loss_nan, grad_norm_nan, memory
+    peaks: dict = field(default_factory=dict)  # last_iteration, train_iters, nan_reported, mem_max_gb, ...
+    skipped: dict = field(default_factory=dict)  # dense key -> lines the sampling did not read
+
+    def count(self, name: str, n: int = 1):
+        self.tally[name] = self.tally.get(name, 0) + n
+
+    def peak(self, name: str, value):
+        if value is not None and (name not in self.peaks or value > self.peaks[name]):
+            self.peaks[name] = value
+
+    def iteration_count(self) -> int:
+        """Iteration lines in the log: parsed ones plus those the sampling skipped."""
+        return self.tally.get("iterations", 0) + self.skipped.get("@iteration", 0)
 
     def note(self, name: str, file: str, line: int, text: str, replace: bool = False):
         if replace or name not in self.evidence:
             self.evidence[name] = (file, line, text[:2000])
 
     def add_iteration(self, p: IterationPoint, text: str = ""):
-        if text:
-            self._iteration_evidence(p, text)
+        self._iteration_evidence(p, text)
         self.iterations.append(p)
         if len(self.iterations) > MAX_SERIES:
             self.iterations = self.iterations[::2]
@@ -159,14 +183,24 @@ class Structure:
 
     def _iteration_evidence(self, p: IterationPoint, text: str):
         f = p.fields
-        losses = {k: v for k, v in f.items() if k.lower().endswith("loss")}
-        gn = f.get("grad norm", "").lower()
-        if gn in ("nan", "-nan", "inf", "-inf"):
+        self.count("iterations")
+        self.peak("last_iteration", p.iteration)
+        self.peak("train_iters", p.train_iters)
+        losses = [v for k, v in f.items() if k.lower().endswith("loss")]
+        if _is_bad(f.get("grad norm", "")):
+            self.count("grad_norm_nan")
             self.note("grad_norm_nan", p.file, p.line, text)
         if not losses:
+            self.count("loss_missing")
             self.note("loss_missing", p.file, p.line, text)
-        elif any(str(v).lower().lstrip("+-") in ("nan", "inf") for v in losses.values()):
+        elif any(_is_bad(v) for v in losses):
+            self.count("loss_nan")
             self.note("loss_nan", p.file, p.line, text)
+        nan = f.get("number of nan iterations")
+        if nan is not None:
+            nan = nan.strip()
+            if nan.isdigit():
+                self.peak("nan_reported", int(nan))
         if p.elapsed_ms is not None:
             best = self.evidence.get("_max_elapsed")
             if best is None or p.elapsed_ms > best[0]:
@@ -175,18 +209,78 @@ class Structure:
         self.note("last_iteration", p.file, p.line, text, replace=True)
 
 
+def _is_bad(v: str) -> bool:
+    """A printed value that is NaN or infinite (nan, -nan, NAN, inf, -INF, +inf...)."""
+    return str(v).strip().lower().lstrip("+-") in ("nan", "inf")
+
+
 # --------------------------------------------------------------------------- single-line parsers
 
-def parse_iteration(text: str, file: str, line: int) -> Optional[IterationPoint]:
+_KEY = re.compile(r"[A-Za-z][\w ()/\-.]*")
+_KEYS: dict = {}  # field name -> the interned name, or None when it is not a field name
+
+
+def _fields(rest: str, pattern: "re.Pattern") -> dict:
+    """``key: value`` fields between ``|`` separators, as ``pattern`` (the field regex) finds them.
+
+    The common case, one well-formed ``key: value`` per part, costs one split and one partition
+    per field; a part that is not one (a name with other characters, no space after the colon)
+    goes to the regex, so the result is the regex's on every input.
+    """
+    out = {}
+    keys = _KEYS
+    for part in rest.split("|"):
+        k, sep, v = part.partition(":")
+        if sep and v[:1] in (" ", "\t"):
+            name = keys.get(k, keys)
+            if name is keys:
+                stripped = k.strip()
+                name = keys[k] = sys.intern(stripped) if _KEY.fullmatch(k.lstrip()) and len(keys) < 4096 else None
+            if name is not None:
+                out[name] = v.strip()
+                continue
+        if sep:
+            for fm in pattern.finditer(part):
+                out[sys.intern(fm.group(1).strip())] = fm.group(2).strip()
+    return out
+
+
+_MEM_KEY = re.compile(r"[\w\- ]+")
+_MEM_KEYS: dict = {}
+_NUMERIC = frozenset("0123456789.eE+-")
+
+
+def _memory_fields(rest: str) -> list:
+    """(key, number text) pairs of a memory report, as ``_MEM_FIELD`` finds them: one split and
+    one partition per field when the field is well formed, the regex on the part otherwise."""
+    out = []
+    keys = _MEM_KEYS
+    for part in rest.split("|")[1:]:  # a field follows a "|"
+        k, sep, v = part.partition(":")
+        if not sep:
+            continue
+        v = v.strip()
+        name = keys.get(k, keys)
+        if name is keys:
+            stripped = k.strip()
+            name = keys[k] = sys.intern(stripped) if _MEM_KEY.fullmatch(k.lstrip()) and len(keys) < 4096 else None
+        if name is not None and v and _NUMERIC.issuperset(v):
+            out.append((name, v))
+            continue
+        out.extend((fm.group(1).strip(), fm.group(2)) for fm in _MEM_FIELD.finditer("|" + part))
+    return out
+
+
+def parse_iteration(text: str, file: str, line: int, want_time: bool = True) -> Optional[IterationPoint]:
+    """An iteration line (MLM and Bridge formats). ``want_time=False`` skips the timestamp, which
+    only dates glog lines (Structure.year): the first dated iteration line is enough."""
     m = _ITER.search(text)
     if not m:
         return None
-    fields = {}
-    for fm in _FIELD.finditer(text[m.end():]):
-        key = sys.intern(fm.group(1).strip())  # the same few keys on every line: stored once
-        fields[key] = fm.group(2).strip()
+    fields = _fields(text[m.end():], _FIELD)
     elapsed = _num(fields.get("elapsed time per iteration (ms)", "")) if fields else None
-    return IterationPoint(int(m.group(1)), int(m.group(2)), elapsed, fields, file, line, timestamp(text))
+    return IterationPoint(int(m.group(1)), int(m.group(2)), elapsed, fields, file, line,
+                          timestamp(text) if want_time else None)
 
 
 def parse_memory(text: str) -> Optional[dict]:
@@ -195,11 +289,10 @@ def parse_memory(text: str) -> Optional[dict]:
         return None
     scale = 2**20 / 1e9 if m.group(2) == "MB" else 1.0  # MLM MB are MiB; Bridge GB are 1e9 bytes
     vals = {}
-    for fm in _MEM_FIELD.finditer(text[m.end():]):
-        v = _num(fm.group(2))
+    for key, raw in _memory_fields(text[m.end():]):
+        v = _num(raw)
         if v is None:
             continue
-        key = fm.group(1).strip()
         vals[key] = v if ("count" in key or "retires" in key or "retries" in key) else v * scale
     # one vocabulary for both formats (GB = 1e9 bytes)
     norm = {
@@ -479,20 +572,28 @@ BLOCKS = {
 def on_line(s: Structure, key: str, text: str, file: str, line: int):
     """Single-line structure: iteration, memory, exception, step time lines."""
     if key == "@iteration":
-        p = parse_iteration(text, file, line)
+        p = parse_iteration(text, file, line, want_time=s.year is None)
         if p:
             if p.time is not None and s.year is None:
                 s.year = time.gmtime(p.time).tm_year
             s.add_iteration(p, text)
     elif key == "@memory":
         m = parse_memory(text)
-        if m and len(s.memory) < 4 * MAX_RECORDS:
-            rank, _ = split_prefix(text)
-            m.update(file=file, line=line, rank=rank)
-            s.memory.append(m)
-            if m["values"].get("alloc_retries"):
-                s.note("memory_retries", file, line, text)  # the first report with retries
-            s.note("memory", file, line, text)
+        if m:
+            v = m["values"]
+            s.count("memory")
+            mem = v.get("max_allocated") or v.get("allocated")
+            s.peak("mem_max_gb", mem)
+            if v.get("alloc_retries") is not None:
+                s.count("memory_retries_reports")
+                s.peak("alloc_retries", v["alloc_retries"])
+                if v["alloc_retries"]:
+                    s.note("memory_retries", file, line, text)  # the first report with retries
+            if len(s.memory) < 4 * MAX_RECORDS:
+                rank, _ = split_prefix(text)
+                m.update(file=file, line=line, rank=rank)
+                s.memory.append(m)
+                s.note("memory", file, line, text)
     elif key == "@exception":
         rank, msg = split_prefix(text)
         m = _EXC_LINE.match(msg.strip())

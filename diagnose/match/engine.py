@@ -22,6 +22,7 @@ Both give identical results (tests/test_engines.py).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from typing import Iterable, Optional
 
@@ -33,8 +34,14 @@ from ..model import Signature
 class Engine(ABC):
     name = "abstract"
 
-    def __init__(self, anchors: dict[str, tuple[str, ...]]):
-        """``anchors`` maps a key (signature id or structure name) to its literal anchors."""
+    # dense keys (scan_sampled): a key with at most EXACT occurrences in a buffer keeps them all;
+    # above that, the first occurrence in each of BUCKETS equal slices of the buffer, and the last
+    EXACT = 256
+    BUCKETS = 64
+
+    def __init__(self, anchors: dict[str, tuple[str, ...]], dense: Iterable[str] = ()):
+        """``anchors`` maps a key (signature id or structure name) to its literal anchors;
+        ``dense`` names the keys whose lines may be sampled (see ``scan_sampled``)."""
         self.anchors = anchors
         self.by_literal: dict[bytes, list[str]] = defaultdict(list)
         for key, lits in anchors.items():
@@ -44,10 +51,25 @@ class Engine(ABC):
                     self.by_literal[b].append(key)
         self.by_literal = dict(self.by_literal)
         self.keys_of = {lit: tuple(keys) for lit, keys in self.by_literal.items()}
+        dense = set(dense)
+        # a literal is dense when every key it serves is: its occurrences count, most are skipped
+        self.dense_of: dict[bytes, str] = {lit: keys[0] for lit, keys in self.by_literal.items()
+                                           if len(keys) == 1 and keys[0] in dense}
 
     @abstractmethod
     def find(self, buf: bytes) -> Iterable[tuple[int, bytes]]:
         """Yield (offset, literal) for every occurrence of every anchor literal in ``buf``."""
+
+    def find_split(self, buf: bytes) -> tuple[list, dict]:
+        """(occurrences of the other literals as (offset, literal), {dense literal: [offsets]})."""
+        occ, dense = [], {}
+        dense_of = self.dense_of
+        for off, lit in self.find(buf):
+            if lit in dense_of:
+                dense.setdefault(lit, []).append(off)
+            else:
+                occ.append((off, lit))
+        return occ, dense
 
     def scan(self, buf: bytes) -> list[tuple[int, int, set]]:
         """Lines of ``buf`` containing an anchor: sorted [(line_start, line_end, {keys})].
@@ -58,6 +80,52 @@ class Engine(ABC):
         occ = self.find(buf)
         if not isinstance(occ, list):
             occ = list(occ)
+        return self._lines(buf, occ)
+
+    def scan_sampled(self, buf: bytes) -> tuple[list[tuple[int, int, set]], dict]:
+        """``scan`` with the lines of dense keys sampled: (lines, {dense key: occurrences}).
+
+        Iteration, memory and step-time lines come every few hundred bytes in a big log; parsing
+        each one costs more than finding it. Per buffer, a dense key with at most ``EXACT``
+        occurrences keeps them all; above that, the first occurrence in each of ``BUCKETS``
+        equal slices of the buffer and the last one. A line that another key puts in the result
+        keeps its dense keys too (an iteration line with a NaN is always read). The choice
+        depends on the offsets only, so every engine and job count samples the same lines; the
+        counts are exact.
+        """
+        occ, dense = self.find_split(buf)
+        counts: dict[str, int] = {}
+        if not dense:
+            return self._lines(buf, occ), counts
+        n, k = len(buf), self.BUCKETS
+        by_key: dict[str, list] = {}
+        for lit, offs in dense.items():
+            key = self.dense_of[lit]
+            counts[key] = counts.get(key, 0) + len(offs)
+            by_key.setdefault(key, []).extend((off, lit) for off in offs)
+        for key, pairs in by_key.items():
+            pairs.sort()
+            if len(pairs) <= self.EXACT:
+                occ.extend(pairs)
+                continue
+            offs = [off for off, _ in pairs]
+            keep = {bisect_left(offs, -(-b * n // k)) for b in range(k)}  # first at or after each slice start
+            keep.add(len(pairs) - 1)
+            occ.extend(pairs[i] for i in keep if i < len(pairs))
+        lines = self._lines(buf, occ)
+        # lines in the result for another key keep their dense keys (a dense occurrence skipped)
+        for key, pairs in by_key.items():
+            if len(pairs) <= self.EXACT:
+                continue
+            offs = [off for off, _ in pairs]
+            for start, end, keys in lines:
+                if key not in keys:
+                    i = bisect_left(offs, start)
+                    if i < len(offs) and offs[i] <= end:
+                        keys.add(key)
+        return lines, counts
+
+    def _lines(self, buf: bytes, occ: list) -> list[tuple[int, int, set]]:
         if not occ:
             return []
         occ.sort()
@@ -92,8 +160,8 @@ class RegexEngine(Engine):
     C_CAND, C_CHECK = 0.9e-6, 0.6e-6
     RARE = 1e-3  # a byte rarer than this (per byte of sample) is a memchr pivot candidate
 
-    def __init__(self, anchors: dict[str, tuple[str, ...]]):
-        super().__init__(anchors)
+    def __init__(self, anchors: dict[str, tuple[str, ...]], dense: Iterable[str] = ()):
+        super().__init__(anchors, dense)
         self.plan: Optional[tuple[list, list]] = None
 
     def make_plan(self, sample: bytes, n: int) -> tuple[list, list]:
@@ -231,13 +299,13 @@ def available_engines() -> dict[str, type]:
     return engines
 
 
-def make_engine(anchors: dict[str, tuple[str, ...]], name: Optional[str] = None) -> Engine:
+def make_engine(anchors: dict[str, tuple[str, ...]], name: Optional[str] = None, dense: Iterable[str] = ()) -> Engine:
     engines = available_engines()
     if name is None or name == "auto":
         name = "hyperscan" if "hyperscan" in engines else "regex"
     if name not in engines:
         raise ValueError(f"engine {name!r} is not available (have: {', '.join(sorted(engines))})")
-    return engines[name](anchors)
+    return engines[name](anchors, dense)
 
 
 _compiled: dict[str, "regex.Pattern"] = {}

@@ -50,8 +50,9 @@ class HyperscanEngine(Engine):
             db.compile(expressions=[_escape(x) for x in lits], ids=ids, elements=len(lits), flags=0)
         return db
 
-    def __init__(self, anchors: dict[str, tuple[str, ...]]):
-        super().__init__(anchors)
+    def __init__(self, anchors: dict[str, tuple[str, ...]], dense=()):
+        super().__init__(anchors, dense)
+        self.dense_keys = tuple(dense)
         self.lits = list(self.by_literal)
         self.lens = [len(x) for x in self.lits]
         self.db = self._compile(self.lits) if self.lits else None
@@ -65,8 +66,27 @@ class HyperscanEngine(Engine):
         self.db.scan(buf, match_event_handler=lambda i, _s, end, _f, _c: push((end - lens[i], lits[i])))
         return occ
 
+    def find_split(self, buf: bytes):
+        """One pass; the match callback only appends an offset to its literal's list (dense
+        literals are the bulk of the matches in a big log: no tuple, no sort for them)."""
+        if self.db is None or not buf:
+            return [], {}
+        lists = [[] for _ in self.lits]
+        push = [x.append for x in lists]
+        lens = self.lens
+        self.db.scan(buf, match_event_handler=lambda i, _s, end, _f, _c: push[i](end - lens[i]))
+        occ, dense = [], {}
+        dense_of = self.dense_of
+        for lit, offs in zip(self.lits, lists):
+            if offs:
+                if lit in dense_of:
+                    dense[lit] = offs
+                else:
+                    occ.extend((off, lit) for off in offs)
+        return occ, dense
+
     def __getstate__(self):  # the compiled database is rebuilt in a worker process, never pickled
-        return {"anchors": self.anchors}
+        return {"anchors": self.anchors, "dense": self.dense_keys}
 
     def __setstate__(self, state):
-        self.__init__(state["anchors"])
+        self.__init__(state["anchors"], state.get("dense", ()))

@@ -64,8 +64,8 @@ def report_dict(r: Report) -> dict:
     structure = {}
     if st is not None:
         structure = {
-            "iterations": len(st.iterations) * st.decimation,
-            "last_iteration": max((p.iteration for p in st.iterations), default=None),
+            "iterations": st.iteration_count(),
+            "last_iteration": st.peaks.get("last_iteration", max((p.iteration for p in st.iterations), default=None)),
             "memory_reports": len(st.memory), "timer_blocks": st.timer_blocks,
             "tracebacks": st.traceback_count,
             "torchrun": [{"section": t.section, "rank": t.rank, "local_rank": t.local_rank, "exitcode": t.exitcode,
