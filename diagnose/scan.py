@@ -180,8 +180,10 @@ class Scanner:
         for key, n in dense.items():
             if n > 0:
                 skipped[key] = skipped.get(key, 0) + n
-        # newlines before ``pos`` were counted on the way (line_no); count only the rest
-        res.lines_read += (line_no - chunk.first_line) + count(b"\n", pos) + (0 if data.endswith(b"\n") else 1)
+        # newlines before ``pos`` were counted on the way (line_no); count only the rest, once:
+        # the reader takes the number for the next chunk's first line
+        chunk.newlines = (line_no - chunk.first_line) + count(b"\n", pos)
+        res.lines_read += chunk.newlines + (0 if data.endswith(b"\n") else 1)
 
     VERIFY_CACHE = 4096  # distinct (signature, message) results remembered
     VERIFY_CACHE_LINE = 2000  # longer messages are not remembered

@@ -55,6 +55,9 @@ def engines(anchors):
     planned = RegexEngine(anchors)
     planned.PLAN_MIN = 0  # force the planned sweeps even on small buffers
     out.append(planned)
+    swept = RegexEngine(anchors)
+    swept.PLAN_MIN, swept.C_STOP = 0, 1.0  # the re pass priced out: every anchor through bytes.find
+    out.append(swept)
     if HAVE_HS:
         out.append(make_engine(anchors, "hyperscan"))
     return out
@@ -70,6 +73,28 @@ def test_engines_match_brute_force(pieces):
     buf = "".join(pieces).encode("utf-8")
     want = reference(ANCHORS, buf)
     for eng in engines(ANCHORS):
+        assert eng.scan(buf) == want, eng.name
+
+
+# the planned re pass builds one alternation of every anchor's rest with a lookbehind for the
+# whole anchor: regex metacharacters, anchors that are suffixes / prefixes / infixes of others,
+# shared pivots, and a lookbehind reaching the buffer's start
+ANCHORS_RE = {
+    "M": ("(ms):", "[rank", "a|b", "\\d+", "$x^", "(?<=z)"),
+    "S": ("rror", "Error", "ror: ", "r"),
+    "P": ("ab", "abc", "bca", "cab"),
+    "N": ("\n\n", "q\nq"),
+}
+PIECES_RE = ["(ms):", "[rank", "a|b", "\\d+", "$x^", "(?<=z)", "Error", "rror: ", "ror", "abc", "ab", "ca", "b",
+             "\n", "q", " ", "z"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES_RE), max_size=60))
+def test_planned_re_pass_matches_brute_force(pieces):
+    buf = "".join(pieces).encode("utf-8")
+    want = reference(ANCHORS_RE, buf)
+    for eng in engines(ANCHORS_RE):
         assert eng.scan(buf) == want, eng.name
 
 

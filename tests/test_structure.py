@@ -216,3 +216,23 @@ def test_glog_timestamps_take_the_year_of_the_log():
     rep = diagnose_text(text)
     assert rep.structure.year == 2024
     assert rep.root_cause.hit.time == L.timestamp("[2024-03-01 10:05:00]")
+
+
+# the fast field splitters give what the field regexes find, on any text
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from diagnose.logs import structure as S  # noqa: E402
+
+_SOUP = st.lists(st.sampled_from(list("ab :|\t-._()/0123456789eE+nN\u00e9\n,=") +
+                                 [" | ", ": ", "lm loss", "grad norm", " 1.5E+00 ", "|  x:  3", "\u00a0", "\x1c"]),
+                 max_size=40).map("".join)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_SOUP)
+def test_field_splitters_agree_with_the_field_regexes(text):
+    want = {fm.group(1).strip(): fm.group(2).strip() for fm in S._FIELD.finditer(text)}
+    assert S._fields(text, S._FIELD) == want
+    want_mem = [(fm.group(1).strip(), fm.group(2)) for fm in S._MEM_FIELD.finditer(text)]
+    assert dict(S._memory_fields(text)) == dict(want_mem)

@@ -43,6 +43,9 @@ class Chunk:
     data: bytes  # whole lines (the last one may lack its newline at end of input)
     first_line: int  # 1-based number of data's first line in the source
     offset: int  # byte offset of data in the (decompressed) source
+    # the newlines in data, when the consumer counted them on its way (the scan does): the
+    # reader then need not count them again for the next chunk's first_line
+    newlines: Optional[int] = None
 
 
 def iter_sources(paths, notes: list) -> Iterator[Source]:
@@ -261,16 +264,21 @@ def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterato
                 block = b""
             if not block:
                 break
-            data = carry + block
-            cut = data.rfind(b"\n") + 1
+            cut = block.rfind(b"\n") + 1
             if cut == 0:
+                data = carry + block
                 if len(data) < MAX_LINE:
                     carry = data
                     continue
-                cut = len(data)  # an over-long line: hand it on in pieces
-            out, carry = data[:cut], data[cut:]
-            yield Chunk(out, line_no, offset)
-            line_no += out.count(b"\n")  # a piece of an over-long line: the next chunk goes on with it
+                out, carry = data, b""  # an over-long line: hand it on in pieces
+            else:
+                # one copy: the carried start of a line, then the block up to its last newline
+                out = b"".join((carry, memoryview(block)[:cut])) if (carry or cut < len(block)) else block
+                carry = block[cut:]
+            chunk = Chunk(out, line_no, offset)
+            yield chunk
+            # a piece of an over-long line: the next chunk goes on with it
+            line_no += chunk.newlines if chunk.newlines is not None else out.count(b"\n")
             offset += len(out)
             if len(carry) >= MAX_LINE:  # the start of an over-long line: hand it on now, hold little
                 yield Chunk(carry, line_no, offset)

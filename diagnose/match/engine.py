@@ -21,6 +21,8 @@ Both give identical results (tests/test_engines.py).
 """
 from __future__ import annotations
 
+import heapq
+import re
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections import Counter, defaultdict
@@ -147,85 +149,108 @@ class Engine(ABC):
 
 
 class RegexEngine(Engine):
-    """Pure-Python engine: C-level ``bytes.find`` sweeps, planned from the data (module docstring)."""
+    """Pure-Python engine: one ``re`` pass plus a few ``bytes.find`` sweeps, planned from the data.
+
+    Sweeping the buffer once per anchor costs ~1.5 GB/s per anchor, i.e. a few MB/s for 400
+    anchors. So, from a sample of the data, a greedy weighted set cover picks how each anchor is
+    reached:
+
+    * through one of its bytes that is rare in this log: all such anchors share one ``re`` pass
+      whose first character set is those bytes (``re`` skips other bytes at C speed, ~400 MB/s)
+      and whose alternatives are each anchor's rest, from that byte, with a lookbehind for the
+      whole anchor: every match is an anchor occurrence;
+    * or through a substring it shares with other anchors, found with ``bytes.find``, each hit
+      confirmed with ``startswith``.
+
+    The plan changes speed only, never results (tests/test_engines.py).
+    """
 
     name = "regex"
     PLAN_MIN = 1 << 20  # buffers smaller than this are swept literal by literal (planning costs more)
-    SAMPLE = 8 << 10  # bytes per sample window
+    SAMPLE = 16 << 10  # bytes per sample window
     WINDOWS = 4
-    # cost model (seconds; measured on one core of the benchmark machine): a bytes.find sweep per
-    # byte of buffer for a needle of 1 byte (memchr), 2-4 bytes, 5+ bytes; one candidate offset
-    # visited in Python; one startswith check
-    C_MEMCHR, C_SHORT, C_FIND = 1 / 9e9, 1 / 0.35e9, 1 / 1.2e9
-    C_CAND, C_CHECK = 0.9e-6, 0.6e-6
-    RARE = 1e-3  # a byte rarer than this (per byte of sample) is a memchr pivot candidate
+    # cost model (seconds, one core of the benchmark machine): the re pass per byte of buffer, and
+    # per byte of its character set met (it tries its alternatives there); a bytes.find sweep per
+    # byte of buffer for a needle of 2-3 bytes and of 4+ bytes; a candidate visited in Python
+    C_PASS, C_STOP = 1 / 400e6, 80e-9
+    C_SHORT, C_FIND = 1 / 1.1e9, 1 / 1.7e9
+    C_CAND = 1.0e-6
 
     def __init__(self, anchors: dict[str, tuple[str, ...]], dense: Iterable[str] = ()):
         super().__init__(anchors, dense)
-        self.plan: Optional[tuple[list, list]] = None
+        self.plan: Optional[tuple] = None
 
-    def make_plan(self, sample: bytes, n: int) -> tuple[list, list]:
-        """([(pivot, width, {pivot..+width: [(literal, offset)]})], [literals swept alone]).
+    WIDTHS = (2, 3, 4, 6, 8)  # substring lengths tried as shared find needles (and whole anchors)
 
-        A greedy weighted set cover: every literal is reached through one pivot, one of its rare
-        bytes (found with memchr) or one of its 6-byte substrings or itself (found with
-        ``bytes.find``). A pivot costs one sweep plus a Python visit of each of its occurrences
-        (counted in ``sample``, scaled to ``n``); at each occurrence a dict of the bytes that
-        follow it picks the literals worth a ``startswith``.
-        """
+    def make_plan(self, sample: bytes, n: int) -> tuple:
+        """(re pattern or None, {key width: {key: [(literal, pivot offset)]}}, [(needle, [(literal, offset)])])."""
         m = max(1, len(sample))
-        freq = [0] * 256
-        for b, c in Counter(sample).items():
-            freq[b] = c
+        freq = Counter(sample)
         scale = n / m
-        counts: dict[bytes, float] = {}
+        grams = {w: Counter(sample[i:i + w] for i in range(m - w + 1)) for w in self.WIDTHS}
 
         def occurrences(g: bytes) -> float:
-            c = counts.get(g)
-            if c is None:
-                c = counts[g] = ((freq[g[0]] if len(g) == 1 else sample.count(g)) + 0.5) * scale
-            return c
-
-        def sweep(g: bytes) -> float:
-            return n * (self.C_MEMCHR if len(g) == 1 else self.C_SHORT if len(g) < 5 else self.C_FIND)
+            c = grams[len(g)].get(g, 0) if len(g) in grams else sample.count(g)
+            return (c + 0.5) * scale
 
         lits = list(self.by_literal)
-        cover: dict[bytes, set] = {}
+        serve: dict = defaultdict(set)  # ("re", byte) or ("find", needle) -> literals it reaches
         for lit in lits:
-            cover.setdefault(lit, set()).add(lit)
-            for b in set(lit):
-                if freq[b] < self.RARE * m:
-                    cover.setdefault(bytes([b]), set()).add(lit)
-        for lit in lits:
-            for k in range(0, len(lit) - 5):
-                cover.setdefault(lit[k:k + 6], set()).add(lit)
-        # substrings that serve one literal only are never better than the literal itself
-        cover = {g: v for g, v in cover.items() if len(v) > 1 or g in v or len(g) == 1}
+            for c in set(lit):
+                serve[("re", c)].add(lit)
+            for width in self.WIDTHS:
+                for k in range(0, len(lit) - width + 1):
+                    serve[("find", lit[k:k + width])].add(lit)
+            serve[("find", lit)].add(lit)
+
+        base: dict = {}
+        for cand in serve:
+            kind, x = cand
+            if kind == "re":
+                base[cand] = (freq.get(x, 0) + 0.5) * scale * self.C_STOP
+            else:
+                base[cand] = n * (self.C_SHORT if len(x) < 4 else self.C_FIND) + occurrences(x) * self.C_CAND
+
+        def cost(cand, re_open: bool) -> float:
+            return base[cand] + (n * self.C_PASS if cand[0] == "re" and not re_open else 0.0)
+
+        # lazy greedy weighted set cover: a candidate's ratio only grows as literals get covered,
+        # except the re candidates once the re pass is paid for (then they are pushed again)
         left = set(lits)
-        groups = []
-        while left:
-            best = None
-            for g, members in cover.items():
-                serve = members & left
-                if not serve:
-                    continue
-                cost = (sweep(g) + occurrences(g) * (self.C_CAND + self.C_CHECK)) / len(serve)
-                if best is None or (cost, g) < best[:2]:
-                    best = (cost, g, serve)
-            left -= best[2]
-            groups.append((best[1], sorted(best[2])))
-        planned, alone = [], []
-        for g, members in sorted(groups):
-            if members == [g]:
-                alone.append(g)
+        heap = [(cost(c, False) / len(v), c) for c, v in serve.items()]
+        heapq.heapify(heap)
+        re_bytes: list = []
+        finds: list = []
+        while left and heap:
+            ratio, cand = heapq.heappop(heap)
+            got = serve[cand] & left
+            if not got:
                 continue
-            pairs = [(lit, lit.find(g)) for lit in members]
-            width = min(4, min(len(lit) - k for lit, k in pairs))
-            table: dict[bytes, list] = defaultdict(list)
-            for lit, k in pairs:
-                table[lit[k:k + width]].append((lit, k))
-            planned.append((g, width, dict(table)))
-        return planned, alone
+            now = cost(cand, bool(re_bytes)) / len(got)
+            if heap and now > heap[0][0] + 1e-15:
+                heapq.heappush(heap, (now, cand))
+                continue
+            left -= got
+            first_re = cand[0] == "re" and not re_bytes
+            (re_bytes if cand[0] == "re" else finds).append((cand[1], sorted(got)))
+            if first_re:
+                for c in serve:
+                    if c[0] == "re" and serve[c] & left:
+                        heapq.heappush(heap, (cost(c, True) / len(serve[c] & left), c))
+        chosen = {b for b, _ in re_bytes}
+        re_lits = [lit for _, group in re_bytes for lit in group]
+        pattern, tables = None, {}
+        if re_lits:
+            pivots = []
+            for lit in re_lits:  # the anchor's rarest chosen byte starts its alternative
+                k = min((i for i in range(len(lit)) if lit[i] in chosen), key=lambda i: (freq.get(lit[i], 0), i))
+                pivots.append((lit, k))
+                width = min(4, len(lit) - k)
+                tables.setdefault(width, defaultdict(list))[lit[k:k + width]].append((lit, k))
+            pattern = re.compile(_trie(pivots))
+            tables = {w: dict(t) for w, t in sorted(tables.items())}
+        sweeps = [(g, [(lit, lit.find(g)) for lit in group]) for g, group in finds]
+        return pattern, tables, sweeps
 
     def _sample(self, buf: bytes) -> bytes:
         n, w = len(buf), self.SAMPLE
@@ -237,27 +262,62 @@ class RegexEngine(Engine):
     def find(self, buf: bytes):
         find = buf.find
         if len(buf) < self.PLAN_MIN:
-            plan, alone = [], list(self.by_literal)
-        else:
-            if self.plan is None:  # planned once, from the first large buffer
-                self.plan = self.make_plan(self._sample(buf), len(buf))
-            plan, alone = self.plan
-        for lit in alone:
-            i = find(lit)
-            while i >= 0:
-                yield i, lit
-                i = find(lit, i + 1)
+            for lit in self.by_literal:
+                i = find(lit)
+                while i >= 0:
+                    yield i, lit
+                    i = find(lit, i + 1)
+            return
+        if self.plan is None:  # planned once, from the first large buffer
+            self.plan = self.make_plan(self._sample(buf), len(buf))
+        pattern, tables, sweeps = self.plan
         startswith = buf.startswith
-        for pivot, width, table in plan:
-            get = table.get
-            i = find(pivot)
+        if pattern is not None:
+            search = pattern.search
+            m = search(buf)
+            while m is not None:
+                p = m.start()
+                for width, table in tables.items():
+                    members = table.get(buf[p:p + width])
+                    if members:
+                        for lit, k in members:
+                            if p >= k and startswith(lit, p - k):
+                                yield p - k, lit
+                m = search(buf, p + 1)
+        for needle, members in sweeps:
+            i = find(needle)
             while i >= 0:
-                members = get(buf[i:i + width])
-                if members:
-                    for lit, k in members:
-                        if i >= k and startswith(lit, i - k):
-                            yield i - k, lit
-                i = find(pivot, i + 1)
+                for lit, k in members:
+                    if i >= k and startswith(lit, i - k):
+                        yield i - k, lit
+                i = find(needle, i + 1)
+
+
+def _trie(pivots: list) -> bytes:
+    """One ``re`` alternation over anchors entered at a pivot byte: ``[(literal, k)]`` -> the
+    pattern of every ``literal[k:]``, each followed by a lookbehind for the whole literal (so a
+    match is an occurrence of the literal, and starts at its byte ``k``); alternatives that share
+    a beginning share one branch."""
+    root: dict = {}
+    for lit, k in pivots:
+        node = root
+        for c in lit[k:]:
+            node = node.setdefault(c, {})
+        node.setdefault(None, []).append(lit)
+
+    def emit(node: dict) -> bytes:
+        alts = [b"(?<=" + re.escape(lit) + b")" for lit in sorted(set(node.get(None, ())))]
+        for c in sorted(x for x in node if x is not None):
+            child, run = node[c], bytes([c])
+            while None not in child and len(child) == 1:  # a chain without branches: one literal run
+                (c2, child), = child.items()
+                run += bytes([c2])
+            alts.append(re.escape(run) + emit(child))
+        if len(alts) == 1:
+            return alts[0]
+        return b"(?:" + b"|".join(alts) + b")"
+
+    return emit(root)
 
 
 _ERE_SPECIAL = set("\\.[()*+?{|^$")
