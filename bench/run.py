@@ -139,6 +139,9 @@ def main(argv=None) -> int:
     for eng in engines:  # the sweep alone: the like-for-like comparison with rg -c
         runs.append((f"sweep only --engine {eng}", 1, pin + [sys.executable, str(REPO / "bench" / "sweep.py"), str(a.log),
                                                              "--engine", eng], None, "sweep", None))
+    if "hyperscan" in engines:  # the matcher alone: the ceiling of any scan built on it
+        runs.append(("hyperscan matcher alone", 1, pin + [sys.executable, str(REPO / "bench" / "sweep.py"), str(a.log),
+                                                           "--engine", "hyperscan", "--raw"], None, "sweep", None))
     if shutil.which("rg"):
         runs.append(("rg -c -f", 1, pin + ["rg", "-j1", "-c", "-f", str(pats), str(a.log)], None, "rg", None))
         if folder and cores > 1:
@@ -229,6 +232,10 @@ def main(argv=None) -> int:
                        scan(hs_sweep) >= 3 * rg1["mb_s"]))
     if rx_sweep:
         checks.append((f"sweep only, regex engine >= 100 MB/s: {scan(rx_sweep):.0f} MB/s", scan(rx_sweep) >= 100))
+    raw = best("hyperscan matcher alone")
+    if raw and rg1:
+        print(f"  ceiling: Hyperscan's matcher alone over the same chunks (no line grouping, no diagnosis) runs at "
+              f"{scan(raw):.0f} MB/s = {scan(raw) / rg1['mb_s']:.2f}x rg on one core")
     dg = [r for r in results if r["tool"].startswith("diagnose")]
     if dg:
         worst = max(r["rss_mb"] for r in dg)
