@@ -239,6 +239,34 @@ def _open(source: Source):
     return raw, raw
 
 
+PROBE = 64 << 10  # bytes looked at, before a chunk's planned end, for the last newline
+
+
+def _regular_fd(raw) -> Optional[int]:
+    """The descriptor of a regular, uncompressed file (one that ``os.pread`` can look ahead in)."""
+    try:
+        fd = raw.fileno()
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def _whole_lines(fd: int, raw, size: int) -> int:
+    """How much to read from ``raw`` for a block that ends at a newline: the block is then the
+    chunk itself, with no copy. The last newline before ``size`` is found in a small look-ahead
+    (``os.pread``, which leaves the file position alone); near the end of the file, or in a
+    line longer than the look-ahead, ``size`` (the reader then carries the rest as usual)."""
+    try:
+        at = raw.tell() + size - PROBE
+        probe = os.pread(fd, PROBE, at) if at >= 0 else b""
+    except OSError:
+        return size
+    if len(probe) < PROBE:
+        return size
+    k = probe.rfind(b"\n")
+    return size if k < 0 else size - PROBE + k + 1
+
+
 def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterator[Chunk]:
     """Stream ``source`` as chunks of whole lines; read errors end the file with a note."""
     try:
@@ -252,10 +280,11 @@ def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterato
     carry = b""
     line_no = 1
     offset = 0
+    fd = _regular_fd(raw) if stream is raw else None
     try:
         while True:
             try:
-                block = stream.read(chunk_size)
+                block = stream.read(chunk_size if fd is None else _whole_lines(fd, raw, chunk_size))
             except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
                 kind = "truncated or corrupt gzip" if stream is not raw else "read error"
                 done = offset + len(carry)

@@ -172,7 +172,7 @@ class RegexEngine(Engine):
     # cost model (seconds, one core of the benchmark machine): the re pass per byte of buffer, and
     # per byte of its character set met (it tries its alternatives there); a bytes.find sweep per
     # byte of buffer for a needle of 2-3 bytes and of 4+ bytes; a candidate visited in Python
-    C_PASS, C_STOP = 1 / 400e6, 80e-9
+    C_PASS, C_STOP = 1 / 400e6, 50e-9
     C_SHORT, C_FIND = 1 / 1.1e9, 1 / 1.7e9
     C_CAND = 1.0e-6
 
@@ -183,7 +183,8 @@ class RegexEngine(Engine):
     WIDTHS = (2, 3, 4, 6, 8)  # substring lengths tried as shared find needles (and whole anchors)
 
     def make_plan(self, sample: bytes, n: int) -> tuple:
-        """(re pattern or None, {key width: {key: [(literal, pivot offset)]}}, [(needle, [(literal, offset)])])."""
+        """(re pattern or None, {group: (literal, pivot offset, [(co-occurring literal, its pivot offset)])},
+        [(needle, [(literal, offset)])])."""
         m = max(1, len(sample))
         freq = Counter(sample)
         scale = n / m
@@ -203,7 +204,7 @@ class RegexEngine(Engine):
                     serve[("find", lit[k:k + width])].add(lit)
             serve[("find", lit)].add(lit)
 
-        base: dict = {}
+        base: dict = {}  # what each candidate costs on its own
         for cand in serve:
             kind, x = cand
             if kind == "re":
@@ -211,46 +212,60 @@ class RegexEngine(Engine):
             else:
                 base[cand] = n * (self.C_SHORT if len(x) < 4 else self.C_FIND) + occurrences(x) * self.C_CAND
 
-        def cost(cand, re_open: bool) -> float:
-            return base[cand] + (n * self.C_PASS if cand[0] == "re" and not re_open else 0.0)
-
-        # lazy greedy weighted set cover: a candidate's ratio only grows as literals get covered,
-        # except the re candidates once the re pass is paid for (then they are pushed again)
+        # greedy weighted set cover (lazy: a candidate's ratio only grows as literals get covered).
+        # The re pass's own cost is left out of the ratios: counted there, it makes the first
+        # byte picked a common one that reaches many anchors at once
         left = set(lits)
-        heap = [(cost(c, False) / len(v), c) for c, v in serve.items()]
+        heap = [(base[c] / len(v), c) for c, v in serve.items()]
         heapq.heapify(heap)
-        re_bytes: list = []
-        finds: list = []
+        picked: list = []
         while left and heap:
             ratio, cand = heapq.heappop(heap)
             got = serve[cand] & left
             if not got:
                 continue
-            now = cost(cand, bool(re_bytes)) / len(got)
+            now = base[cand] / len(got)
             if heap and now > heap[0][0] + 1e-15:
                 heapq.heappush(heap, (now, cand))
                 continue
             left -= got
-            first_re = cand[0] == "re" and not re_bytes
-            (re_bytes if cand[0] == "re" else finds).append((cand[1], sorted(got)))
-            if first_re:
-                for c in serve:
-                    if c[0] == "re" and serve[c] & left:
-                        heapq.heappush(heap, (cost(c, True) / len(serve[c] & left), c))
+            picked.append(cand)
+        # then drop the costliest picks whose anchors the other picks reach anyway
+        for cand in sorted(picked, key=lambda c: -base[c]):
+            others = set().union(*(serve[c] for c in picked if c != cand))
+            if serve[cand] <= others:
+                picked.remove(cand)
+        re_bytes = [(c[1], None) for c in picked if c[0] == "re"]
+        covered = set().union(*(serve[c] for c in picked if c[0] == "re")) if re_bytes else set()
+        finds = []
+        for cand in sorted((c for c in picked if c[0] == "find"), key=lambda c: base[c]):
+            group = sorted(serve[cand] - covered)  # what the re pass reaches needs no sweep
+            if group:
+                finds.append((cand[1], group))
+                covered |= set(group)
         chosen = {b for b, _ in re_bytes}
-        re_lits = [lit for _, group in re_bytes for lit in group]
-        pattern, tables = None, {}
+        re_lits = sorted({lit for c in picked if c[0] == "re" for lit in serve[c]})
+        pattern, leaves = None, {}
         if re_lits:
             pivots = []
             for lit in re_lits:  # the anchor's rarest chosen byte starts its alternative
                 k = min((i for i in range(len(lit)) if lit[i] in chosen), key=lambda i: (freq.get(lit[i], 0), i))
                 pivots.append((lit, k))
-                width = min(4, len(lit) - k)
-                tables.setdefault(width, defaultdict(list))[lit[k:k + width]].append((lit, k))
             pattern = re.compile(_trie(pivots))
-            tables = {w: dict(t) for w, t in sorted(tables.items())}
+            # a match names the first alternative that matched (its empty group); the anchors that
+            # can occur at the same pivot (rests prefix-related, heads suffix-related) are checked too
+            by_byte: dict = defaultdict(list)  # co-occurring anchors share their pivot byte
+            for lit, k in pivots:
+                by_byte[lit[k]].append((lit, k))
+            for name, group in pattern.groupindex.items():
+                lit, k = pivots[int(name[1:])]
+                rest, head = lit[k:], lit[:k]
+                co = tuple((o, j) for o, j in by_byte[lit[k]] if o != lit
+                           and (o[j:].startswith(rest) or rest.startswith(o[j:]))
+                           and (o[:j].endswith(head) or head.endswith(o[:j])))
+                leaves[group] = (lit, k, co)
         sweeps = [(g, [(lit, lit.find(g)) for lit in group]) for g, group in finds]
-        return pattern, tables, sweeps
+        return pattern, leaves, sweeps
 
     def _sample(self, buf: bytes) -> bytes:
         n, w = len(buf), self.SAMPLE
@@ -260,53 +275,75 @@ class RegexEngine(Engine):
         return b"".join(buf[i * step:i * step + w] for i in range(self.WINDOWS))
 
     def find(self, buf: bytes):
+        return [(off, lit) for lit, offs in self._find(buf).items() for off in offs]
+
+    def find_split(self, buf: bytes) -> tuple[list, dict]:
+        """``find`` with dense literals' offsets kept apart (no tuple for them)."""
+        occ: list = []
+        dense: dict = {}
+        dense_of = self.dense_of
+        for lit, offs in self._find(buf).items():
+            if lit in dense_of:
+                dense[lit] = offs
+            else:
+                occ.extend((off, lit) for off in offs)
+        return occ, dense
+
+    def _find(self, buf: bytes) -> dict:
+        """{literal: [offsets of its occurrences]} (literals that do not occur are left out)."""
+        lists: dict = {lit: [] for lit in self.by_literal}
+        push = {lit: offs.append for lit, offs in lists.items()}
+        self._sweep(buf, push)
+        return {lit: offs for lit, offs in lists.items() if offs}
+
+    def _sweep(self, buf: bytes, push: dict):
         find = buf.find
         if len(buf) < self.PLAN_MIN:
             for lit in self.by_literal:
                 i = find(lit)
                 while i >= 0:
-                    yield i, lit
+                    push[lit](i)
                     i = find(lit, i + 1)
             return
         if self.plan is None:  # planned once, from the first large buffer
             self.plan = self.make_plan(self._sample(buf), len(buf))
-        pattern, tables, sweeps = self.plan
+        pattern, leaves, sweeps = self.plan
         startswith = buf.startswith
         if pattern is not None:
             search = pattern.search
             m = search(buf)
             while m is not None:
                 p = m.start()
-                for width, table in tables.items():
-                    members = table.get(buf[p:p + width])
-                    if members:
-                        for lit, k in members:
-                            if p >= k and startswith(lit, p - k):
-                                yield p - k, lit
+                lit, k, co = leaves[m.lastindex]
+                push[lit](p - k)
+                for lit, k in co:
+                    if p >= k and startswith(lit, p - k):
+                        push[lit](p - k)
                 m = search(buf, p + 1)
         for needle, members in sweeps:
             i = find(needle)
             while i >= 0:
                 for lit, k in members:
                     if i >= k and startswith(lit, i - k):
-                        yield i - k, lit
+                        push[lit](i - k)
                 i = find(needle, i + 1)
 
 
 def _trie(pivots: list) -> bytes:
     """One ``re`` alternation over anchors entered at a pivot byte: ``[(literal, k)]`` -> the
     pattern of every ``literal[k:]``, each followed by a lookbehind for the whole literal (so a
-    match is an occurrence of the literal, and starts at its byte ``k``); alternatives that share
-    a beginning share one branch."""
+    match is an occurrence of the literal, and starts at its byte ``k``) and an empty group named
+    ``a<index in pivots>``; alternatives that share a beginning share one branch."""
     root: dict = {}
-    for lit, k in pivots:
+    for idx, (lit, k) in enumerate(pivots):
         node = root
         for c in lit[k:]:
             node = node.setdefault(c, {})
-        node.setdefault(None, []).append(lit)
+        node.setdefault(None, []).append((lit, idx))
 
     def emit(node: dict) -> bytes:
-        alts = [b"(?<=" + re.escape(lit) + b")" for lit in sorted(set(node.get(None, ())))]
+        # each alternative ends in an empty group named after its anchor: m.lastindex tells which
+        alts = [b"(?<=" + re.escape(lit) + b")(?P<a%d>)" % idx for lit, idx in sorted(node.get(None, ()))]
         for c in sorted(x for x in node if x is not None):
             child, run = node[c], bytes([c])
             while None not in child and len(child) == 1:  # a chain without branches: one literal run
