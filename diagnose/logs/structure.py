@@ -169,6 +169,10 @@ class Structure:
         """Iteration lines in the log: parsed ones plus those the sampling skipped."""
         return self.tally.get("iterations", 0) + self.skipped.get("@iteration", 0)
 
+    def memory_count(self) -> int:
+        """Memory reports in the log: parsed ones plus those the sampling skipped."""
+        return self.tally.get("memory", 0) + self.skipped.get("@memory", 0)
+
     def note(self, name: str, file: str, line: int, text: str, replace: bool = False):
         if replace or name not in self.evidence:
             self.evidence[name] = (file, line, text[:2000])

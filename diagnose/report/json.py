@@ -66,7 +66,7 @@ def report_dict(r: Report) -> dict:
         structure = {
             "iterations": st.iteration_count(),
             "last_iteration": st.peaks.get("last_iteration", max((p.iteration for p in st.iterations), default=None)),
-            "memory_reports": len(st.memory), "timer_blocks": st.timer_blocks,
+            "memory_reports": st.memory_count(), "timer_blocks": st.timer_blocks,
             "tracebacks": st.traceback_count,
             "torchrun": [{"section": t.section, "rank": t.rank, "local_rank": t.local_rank, "exitcode": t.exitcode,
                           "host": t.host, "time": t.time, "file": t.file, "line": t.line} for t in st.torchrun],
