@@ -100,26 +100,29 @@ class Engine(ABC):
         if not dense:
             return self._lines(buf, occ), counts
         n, k = len(buf), self.BUCKETS
-        by_key: dict[str, list] = {}
+        by_key: dict[str, list] = {}  # dense key -> its literals' offset lists (each one sorted)
         for lit, offs in dense.items():
-            key = self.dense_of[lit]
-            counts[key] = counts.get(key, 0) + len(offs)
-            by_key.setdefault(key, []).extend((off, lit) for off in offs)
-        for key, pairs in by_key.items():
-            pairs.sort()
-            if len(pairs) <= self.EXACT:
-                occ.extend(pairs)
+            by_key.setdefault(self.dense_of[lit], []).append((lit, offs))
+        sampled: dict[str, list] = {}  # dense key -> every offset, where some were skipped
+        for key, parts in by_key.items():
+            # any of the key's literals stands for it in the result: lines carry keys, not literals
+            lit = parts[0][0]
+            if len(parts) == 1:
+                offs = parts[0][1]
+                offs.sort()  # found in order already (linear in C then): no engine's order is relied on
+            else:
+                offs = sorted(o for _, offs in parts for o in offs)
+            counts[key] = len(offs)
+            if len(offs) <= self.EXACT:
+                occ.extend((o, lit) for o in offs)
                 continue
-            offs = [off for off, _ in pairs]
             keep = {bisect_left(offs, -(-b * n // k)) for b in range(k)}  # first at or after each slice start
-            keep.add(len(pairs) - 1)
-            occ.extend(pairs[i] for i in keep if i < len(pairs))
+            keep.add(len(offs) - 1)
+            occ.extend((offs[i], lit) for i in keep if i < len(offs))
+            sampled[key] = offs
         lines = self._lines(buf, occ)
         # lines in the result for another key keep their dense keys (a dense occurrence skipped)
-        for key, pairs in by_key.items():
-            if len(pairs) <= self.EXACT:
-                continue
-            offs = [off for off, _ in pairs]
+        for key, offs in sampled.items():
             for start, end, keys in lines:
                 if key not in keys:
                     i = bisect_left(offs, start)
@@ -167,7 +170,7 @@ class RegexEngine(Engine):
 
     name = "regex"
     PLAN_MIN = 1 << 20  # buffers smaller than this are swept literal by literal (planning costs more)
-    SAMPLE = 16 << 10  # bytes per sample window
+    SAMPLE = 8 << 10  # bytes per sample window
     WINDOWS = 4
     # cost model (seconds, one core of the benchmark machine): the re pass per byte of buffer, and
     # per byte of its character set met (it tries its alternatives there); a bytes.find sweep per
@@ -311,14 +314,18 @@ class RegexEngine(Engine):
         startswith = buf.startswith
         if pattern is not None:
             search = pattern.search
+            fast = {g: (push[lit], k) for g, (lit, k, _co) in leaves.items()}
+            cos = {g: co for g, (_lit, _k, co) in leaves.items() if co}
             m = search(buf)
             while m is not None:
                 p = m.start()
-                lit, k, co = leaves[m.lastindex]
-                push[lit](p - k)
-                for lit, k in co:
-                    if p >= k and startswith(lit, p - k):
-                        push[lit](p - k)
+                g = m.lastindex
+                add, k = fast[g]
+                add(p - k)
+                if g in cos:
+                    for lit, k in cos[g]:
+                        if p >= k and startswith(lit, p - k):
+                            push[lit](p - k)
                 m = search(buf, p + 1)
         for needle, members in sweeps:
             i = find(needle)
