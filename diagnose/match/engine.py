@@ -9,15 +9,15 @@ regex on that one decoded line.
 Engines (``available_engines()``; ``make_engine(name=None)`` picks the fastest one installed):
 
 * ``regex``: pure Python. Sweeping the buffer once per anchor with ``bytes.find`` costs about
-  1.3 GB/s per anchor, i.e. ~10 MB/s for 140 anchors, so on large buffers the engine plans its
-  sweeps from a sample of the data: each anchor is reached through its rarest byte, found with
-  ``memchr`` (``bytes.find`` of one byte, many GB/s) and confirmed with ``startswith`` at that
-  offset; anchors whose rarest byte is common in this log keep their own ``bytes.find`` sweep.
-  The plan changes speed only, never results.
+  1.5 GB/s per anchor, i.e. a few MB/s for 400 anchors, so on large buffers the engine plans,
+  from a sample of the data, one ``re`` pass over the anchors' bytes that are rare in this log
+  (plus ``bytes.find`` sweeps where those are cheaper): see :class:`RegexEngine`. The plan
+  changes speed only, never results.
 * ``hyperscan`` (optional extra ``diagnose[fast]``): all anchors compiled as literals into one
   Hyperscan database, one pass per buffer (``hyperscan_engine.py``).
 
-Both give identical results (tests/test_engines.py).
+Both give identical results (tests/test_engines.py). ``Engine.scan_sampled`` (what the scan
+uses) also samples the lines of dense keys (iteration, memory, step-time lines) in big buffers.
 """
 from __future__ import annotations
 
