@@ -39,7 +39,7 @@ class Engine(ABC):
     # dense keys (scan_sampled): a key with at most EXACT occurrences in a buffer keeps them all;
     # above that, the first occurrence in each of BUCKETS equal slices of the buffer, and the last
     EXACT = 256
-    BUCKETS = 64
+    BUCKETS = 32
 
     def __init__(self, anchors: dict[str, tuple[str, ...]], dense: Iterable[str] = ()):
         """``anchors`` maps a key (signature id or structure name) to its literal anchors;
@@ -183,7 +183,7 @@ class RegexEngine(Engine):
         super().__init__(anchors, dense)
         self.plan: Optional[tuple] = None
 
-    WIDTHS = (2, 3, 4, 6, 8)  # substring lengths tried as shared find needles (and whole anchors)
+    WIDTHS = (3, 6)  # substring lengths tried as shared find needles (and whole anchors)
 
     def make_plan(self, sample: bytes, n: int) -> tuple:
         """(re pattern or None, {group: (literal, pivot offset, [(co-occurring literal, its pivot offset)])},
