@@ -110,7 +110,7 @@ def test_planned_sweeps_on_a_large_buffer(db):
     eng = RegexEngine(anchors)
     assert len(buf) >= eng.PLAN_MIN
     got = eng.scan(buf)
-    assert eng.plan is not None  # the planned path ran
+    assert eng.planned_buffers == 1  # the planned path ran
     assert got == reference(anchors, buf)
 
 
@@ -160,7 +160,7 @@ def test_same_findings_on_a_generated_log(db, tmp_path):
     want = _summary(db, rx, [log])
     assert want["root"] is not None and want["iterations"]
     assert want == _summary(db, hs, [log])
-    assert rx.engine.plan is not None  # chunks were large enough for the planned sweeps
+    assert rx.engine.planned_buffers > 0  # chunks were large enough for the planned sweeps
 
 
 def test_structure_anchors_are_registered_with_the_engine(db):
@@ -265,3 +265,21 @@ def test_split_prefix_equals_the_reference_loop(pieces):
     want_split, want_key = _split_prefix_reference(line)
     assert split_prefix(line) == want_split
     assert prefix_key(line) == want_key
+
+
+def test_a_plan_that_stops_fitting_the_data_is_made_again(db):
+    """A plan made from a buffer without iteration lines meets buffers full of them (one file per
+    rank: only the last rank prints them): such a buffer costs more per byte, and the engine plans
+    again from the next large one; the results never change."""
+    from diagnose.match.engine import scan_anchors
+
+    anchors = scan_anchors(db)
+    quiet = b"".join(b"node0001:12345:12399 [3] NCCL INFO Channel %02d/0 : 3[3] -> 4[4] via P2P/CUMEM/read\n" % (i % 32)
+                     for i in range(30000))
+    busy = b"".join(b" [2026-08-22 15:22:22] iteration %d/100000 | lm loss: 1.0E+01 | loss scale: 1.0 | grad norm:"
+                    b" 1.0 | number of nan iterations:   0 |\n" % i for i in range(30000))
+    eng = RegexEngine(anchors)
+    eng.REPLAN = 0.0  # any buffer counts as slower: the replanning path runs on every one
+    for buf in (quiet, busy, busy, quiet):
+        assert eng.scan(buf) == reference(anchors, buf)
+    assert eng.replans >= 1 and eng.planned_buffers == 4

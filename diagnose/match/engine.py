@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import re
+import time
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections import Counter, defaultdict
@@ -182,6 +183,9 @@ class RegexEngine(Engine):
     def __init__(self, anchors: dict[str, tuple[str, ...]], dense: Iterable[str] = ()):
         super().__init__(anchors, dense)
         self.plan: Optional[tuple] = None
+        self.plan_rate: Optional[float] = None  # seconds per byte the plan took on its own buffer
+        self.replans = 0
+        self.planned_buffers = 0  # buffers swept by a plan (the rest, small ones, literal by literal)
 
     WIDTHS = (3, 6)  # substring lengths tried as shared find needles (and whole anchors)
 
@@ -301,15 +305,32 @@ class RegexEngine(Engine):
 
     def _sweep(self, buf: bytes, push: dict):
         find = buf.find
-        if len(buf) < self.PLAN_MIN:
+        if len(buf) < self.PLAN_MIN or not buf:
             for lit in self.by_literal:
                 i = find(lit)
                 while i >= 0:
                     push[lit](i)
                     i = find(lit, i + 1)
             return
-        if self.plan is None:  # planned once, from the first large buffer
-            self.plan = self.make_plan(self._sample(buf), len(buf))
+        if self.plan is None:  # planned from the first large buffer (and again, see below)
+            self.plan, self.plan_rate = self.make_plan(self._sample(buf), len(buf)), None
+        t0 = time.perf_counter()
+        self._planned(buf, push)
+        self.planned_buffers += 1
+        rate = (time.perf_counter() - t0) / len(buf)
+        if self.plan_rate is None:
+            self.plan_rate = rate
+        elif rate > self.REPLAN * self.plan_rate and self.replans < self.MAX_REPLANS:
+            # this buffer is unlike the one planned from (the first file of a job held no
+            # iteration lines, say): plan again from the next large one
+            self.plan = None
+            self.replans += 1
+
+    REPLAN = 1.3  # a buffer this many times slower per byte than the plan's own: plan again
+    MAX_REPLANS = 8
+
+    def _planned(self, buf: bytes, push: dict):
+        find = buf.find
         pattern, leaves, sweeps = self.plan
         startswith = buf.startswith
         if pattern is not None:
