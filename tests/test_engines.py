@@ -283,3 +283,9 @@ def test_a_plan_that_stops_fitting_the_data_is_made_again(db):
     for buf in (quiet, busy, busy, quiet):
         assert eng.scan(buf) == reference(anchors, buf)
     assert eng.replans >= 1 and eng.planned_buffers == 4
+    # without the clock: a bytes.find needle that the quiet sample found rare hits every line
+    swept = RegexEngine(anchors)
+    swept.REPLAN, swept.C_STOP = float("inf"), 1.0  # sweeps only, judged by their hits alone
+    assert swept.scan(quiet) == reference(anchors, quiet) and swept.replans == 0
+    assert swept.scan(busy) == reference(anchors, busy)
+    assert swept.replans == 1 and swept.plan is None  # the next large buffer is planned again

@@ -271,7 +271,8 @@ class RegexEngine(Engine):
                            and (o[j:].startswith(rest) or rest.startswith(o[j:]))
                            and (o[:j].endswith(head) or head.endswith(o[:j])))
                 leaves[group] = (lit, k, co)
-        sweeps = [(g, [(lit, lit.find(g)) for lit in group]) for g, group in finds]
+        # a needle's expected hits per byte of buffer: a buffer with many more asks for a new plan
+        sweeps = [(g, [(lit, lit.find(g)) for lit in group], occurrences(g) / n) for g, group in finds]
         return pattern, leaves, sweeps
 
     def _sample(self, buf: bytes) -> bytes:
@@ -315,18 +316,19 @@ class RegexEngine(Engine):
         if self.plan is None:  # planned from the first large buffer (and again, see below)
             self.plan, self.plan_rate = self.make_plan(self._sample(buf), len(buf)), None
         t0 = time.perf_counter()
-        self._planned(buf, push)
+        surprised = self._planned(buf, push)
         self.planned_buffers += 1
         rate = (time.perf_counter() - t0) / len(buf)
         if self.plan_rate is None:
             self.plan_rate = rate
-        elif rate > self.REPLAN * self.plan_rate and self.replans < self.MAX_REPLANS:
+        elif (surprised or rate > self.REPLAN * self.plan_rate) and self.replans < self.MAX_REPLANS:
             # this buffer is unlike the one planned from (the first file of a job held no
             # iteration lines, say): plan again from the next large one
             self.plan = None
             self.replans += 1
 
     REPLAN = 1.3  # a buffer this many times slower per byte than the plan's own: plan again
+    SURPRISE = 4  # ... or a needle with this many times the hits the sample promised (+1000)
     MAX_REPLANS = 8
 
     def _planned(self, buf: bytes, push: dict):
@@ -348,13 +350,18 @@ class RegexEngine(Engine):
                         if p >= k and startswith(lit, p - k):
                             push[lit](p - k)
                 m = search(buf, p + 1)
-        for needle, members in sweeps:
+        surprised = False
+        for needle, members, per_byte in sweeps:
+            hits = 0
             i = find(needle)
             while i >= 0:
+                hits += 1
                 for lit, k in members:
                     if i >= k and startswith(lit, i - k):
                         push[lit](i - k)
                 i = find(needle, i + 1)
+            surprised = surprised or hits > self.SURPRISE * per_byte * len(buf) + 1000
+        return surprised
 
 
 def _trie(pivots: list) -> bytes:
