@@ -10,7 +10,8 @@ In one run: the patterns are exported from the database (``diagnose signatures e
 page cache, then each command runs ``--repeat`` times and the fastest run counts:
 
 * ``diagnose`` with each installed engine (hyperscan, regex), pinned to one core
-  (``taskset -c 0``, ``--jobs 1``), and with ``--jobs <cores>`` when the input is a folder;
+  (``taskset -c 0``, ``--jobs 1``), and with ``--jobs <cores>`` when the input is a folder or
+  a file large enough to be scanned in pieces;
 * ``rg -c -f PATTERNS`` (pinned to one core, ``-j1``; and unpinned on a folder);
 * ``grep -c -E -f PATTERNS`` (``LC_ALL=C``, its fastest setting; ``-r`` on a folder).
 
@@ -109,6 +110,7 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     folder = a.log.is_dir()
+    from diagnose.parallel import SPLIT_MIN as split_min  # one file this large is scanned in pieces
 
     from diagnose.match.engine import available_engines
 
@@ -131,7 +133,7 @@ def main(argv=None) -> int:
         rep = tmp / f"report-{eng}-1.json"
         runs.append((f"diagnose --engine {eng}", 1, pin + diagnose_cmd() + [
             str(a.log), "--engine", eng, "--jobs", "1", "--format", "json", "-o", str(rep), "-q"], None, "diagnose", rep))
-        if folder and cores > 1:
+        if (folder or size >= split_min) and cores > 1:  # many files, or one cut in pieces
             rep = tmp / f"report-{eng}-{cores}.json"
             runs.append((f"diagnose --engine {eng}", cores, diagnose_cmd() + [
                 str(a.log), "--engine", eng, "--jobs", str(cores), "--format", "json", "-o", str(rep), "-q"],

@@ -1,11 +1,21 @@
-"""Many files on many cores: one worker process scans whole files, the parent merges in file order.
+"""Many files, or one big file, on many cores; the parent merges the results in scan order.
 
-One file per rank is common (512 ranks, 512 files). ``scan_parallel`` expands the inputs like a
-serial scan, gives each file to a process pool (largest first, for balance), and merges the
-per-file results in the order a serial scan would have read the files, so the merged
-``ScanResult`` (findings, counts per rank, first hits, samples, structure, notes) is the one a
-serial scan gives, and so is the root cause. Each worker holds one file's state at a time, so
-memory stays bounded per process. Standard input and a single file are scanned serially.
+One file per rank is common (512 ranks, 512 files); so is one multi-GB ``run.out``.
+``scan_parallel`` expands the inputs like a serial scan and makes tasks:
+* a whole file;
+* or, for a regular file of ``SPLIT_MIN`` or more, a piece of it. Pieces are cut at
+  ``read.split_points``, where a serial read ends a chunk at a newline. A piece's reader
+  therefore reads the very chunks a serial scan reads, with the same sampling of dense lines.
+  A piece's first line number comes from the newlines of the pieces before it; those are
+  counted side by side first, together with the year that dates glog timestamps. A block that
+  is still open at a piece's end (a traceback, a timer block, torchrun's summary) is read on
+  past it, as a serial scan feeds it at the next chunk.
+
+A process pool runs the tasks, largest first for balance. The parent merges the results in the
+order a serial scan would have read them. The merged ``ScanResult`` is therefore the one a serial
+scan gives: findings, counts per rank, first hits, samples, structure, notes, and so the root
+cause (tests/test_parallel.py). Each worker holds one task's state at a time, so memory stays
+bounded per process. Standard input and small inputs are scanned serially.
 """
 from __future__ import annotations
 
@@ -20,9 +30,11 @@ from typing import Callable, Optional
 from .analyze.findings import MAX_LINES, MAX_SAMPLES, Findings, _earlier
 from .logs import read as R
 from .logs import structure as S
+from .logs.lines import clean
 from .scan import Scanner, ScanResult
 
 AUTO_MIN_BYTES = 16 << 20  # below this, starting processes costs more than it saves (auto mode)
+SPLIT_MIN = 64 << 20  # a file this large is cut into pieces that processes scan side by side
 
 
 def cpu_count() -> int:
@@ -51,10 +63,43 @@ def _progress(n: int):
 
 
 def _scan_one(task):
-    idx, src = task
+    """One file, or one piece of a file: (task id, its result)."""
+    tid, idx, src, start, end, first_line, year = task
     res = ScanResult(Findings(), S.Structure(), [], engine=_SCANNER.engine.name)
-    _SCANNER.scan_source(src, idx, res, _progress if _COUNTER is not None else None)
-    return idx, _slim(res)
+    res.structure.year = year
+    _SCANNER.scan_source(src, idx, res, _progress if _COUNTER is not None else None, start, end, first_line)
+    return tid, _slim(res)
+
+
+def _measure_piece(task):
+    """Before a piece is scanned: its newlines (the next piece's first line) and the year of its
+    first dated iteration line (glog timestamps after it take that year, as in a serial scan)."""
+    path, start, end = task
+    return R.count_newlines(path, start, end), _first_year(path, start, end)
+
+
+def _first_year(path, start: int, end: int, tries: int = 1000):
+    anchor = S.ANCHORS["@iteration"][0].encode()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = start
+        while pos < end and tries > 0:
+            data = os.pread(fd, min(R.CHUNK, end - pos), pos)
+            if not data:
+                break
+            cut = data.rfind(b"\n") + 1 or len(data)
+            i = data.find(anchor, 0, cut)
+            while 0 <= i and tries > 0:
+                tries -= 1
+                a, b = data.rfind(b"\n", 0, i) + 1, data.find(b"\n", i)
+                p = S.parse_iteration(clean(data[a:b if b >= 0 else len(data)]), "", 0)
+                if p is not None and p.time is not None:
+                    return time.gmtime(p.time).tm_year
+                i = data.find(anchor, i + 1, cut)
+            pos += cut
+    finally:
+        os.close(fd)
+    return None
 
 
 def _slim(res: ScanResult) -> ScanResult:
@@ -124,6 +169,9 @@ def merge_structure(dst: S.Structure, src: S.Structure):
                 dst.peak(k, v)
         elif name == "evidence":
             _merge_evidence(a, b)
+        elif name == "year":  # the year of the first dated iteration line (not a counter)
+            if a is None:
+                dst.year = b
         elif name == "first_time":
             if b is not None and (a is None or b < a):
                 dst.first_time = b
@@ -170,20 +218,38 @@ def merge(dst: ScanResult, src: ScanResult, sigs: dict):
 
 # ----------------------------------------------------------------------------- parent side
 
+def _size(src) -> int:
+    try:
+        return src.path.stat().st_size
+    except OSError:
+        return 0
+
+
 def plan_jobs(sources: list, jobs: Optional[int]) -> int:
-    """How many processes: ``jobs`` when given; else all cores for several large-enough files."""
+    """How many processes: ``jobs`` when given; else all cores for several large-enough files
+    or one file large enough to be cut in pieces."""
     files = [s for s in sources if s.path is not None]
-    if jobs is not None:
-        return max(1, min(jobs, len(files))) if len(files) > 1 else 1
-    if len(files) < 2:
+    if not files or len(files) < len(sources):  # standard input: serial
         return 1
-    total = 0
-    for s in files:
-        try:
-            total += s.path.stat().st_size
-        except OSError:
-            pass
-    return min(cpu_count(), len(files)) if total >= AUTO_MIN_BYTES else 1
+    big = any(_size(s) >= SPLIT_MIN for s in files)
+    if jobs is not None:
+        return max(1, jobs if big else min(jobs, len(files))) if (len(files) > 1 or big) else 1
+    if len(files) < 2 and not big:
+        return 1
+    total = sum(_size(s) for s in files)
+    return (cpu_count() if big else min(cpu_count(), len(files))) if total >= AUTO_MIN_BYTES else 1
+
+
+def plan_tasks(sources: list, n: int) -> list:
+    """(file index, source, start, end) in scan order: whole files, and files of ``SPLIT_MIN``
+    or more cut at ``R.split_points`` into up to ``n`` pieces of at least SPLIT_MIN / 2."""
+    tasks = []
+    for idx, src in enumerate(sources):
+        size = R.splittable(src.path) if n > 1 and src.path is not None else None
+        cuts = R.split_points(src.path, min(n, size // (SPLIT_MIN // 2))) if size and size >= SPLIT_MIN else []
+        bounds = [0, *cuts, None]
+        tasks.extend((idx, src, a, b) for a, b in zip(bounds, bounds[1:]))
+    return tasks
 
 
 def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
@@ -198,32 +264,28 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
     trailing = notes[:]
     sources = [s for s, _ in order]
     n = plan_jobs(sources, jobs)
-    if n <= 1 or any(s.path is None for s in sources):
+    tasks = plan_tasks(sources, n) if n > 1 else []
+    if len(tasks) <= 1:
         return scanner.scan_paths(paths, progress=progress)
-
-    def size(s):
-        try:
-            return s.path.stat().st_size
-        except OSError:
-            return 0
 
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     counter = ctx.Value("q", 0)
-    tasks = sorted(enumerate(sources), key=lambda t: -size(t[1]))  # largest first
     out = ScanResult(Findings(), S.Structure(), [], engine=scanner.engine.name)
-    waiting: dict = {}  # results that came before an earlier file's: merged in file order, then dropped
+    waiting: dict = {}  # results that came before an earlier task's: merged in task order, then dropped
     nxt = 0
     with ctx.Pool(n, initializer=_init, initargs=(scanner.db, scanner.engine_name, scanner.versions, scanner.sample, counter)) as pool:
-        it = pool.imap_unordered(_scan_one, tasks)
+        work = _number_pieces(pool, tasks)
+        it = pool.imap_unordered(_scan_one, sorted(work, key=lambda t: -_task_size(t)))  # largest first
         seen = 0
-        while nxt < len(sources):
+        while nxt < len(work):
             try:
-                idx, res = it.next(timeout=0.2)
-                waiting[idx] = res
+                tid, res = it.next(timeout=0.2)
+                waiting[tid] = res
             except mp.TimeoutError:
                 pass
             while nxt in waiting:
-                out.notes.extend(order[nxt][1])
+                if work[nxt][3] == 0:  # a file's first (or only) task
+                    out.notes.extend(order[work[nxt][1]][1])
                 merge(out, waiting.pop(nxt), scanner.sigs)
                 nxt += 1
             if progress:
@@ -236,4 +298,28 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
     out.notes.extend(trailing)
     out.seconds = time.perf_counter() - t0
     out.jobs = n  # type: ignore[attr-defined]
+    return out
+
+
+def _task_size(task) -> int:
+    _tid, _idx, src, start, end, _line, _year = task
+    return (end if end is not None else _size(src)) - start
+
+
+def _number_pieces(pool, tasks: list) -> list:
+    """Tasks as ``_scan_one`` takes them: (task id, file index, source, start, end, first line,
+    year). A piece's first line is 1 + the newlines of the pieces before it, counted side by
+    side first; so is the year a serial scan would know when it reaches the piece."""
+    cut = [t for t in tasks if not (t[2] == 0 and t[3] is None)]
+    measured = dict(zip([(t[0], t[2]) for t in cut if t[3] is not None],
+                        pool.map(_measure_piece, [(t[1].path, t[2], t[3]) for t in cut if t[3] is not None])))
+    out, line, year, prev = [], 1, None, None
+    for tid, (idx, src, start, end) in enumerate(tasks):
+        if idx != prev:
+            line, year, prev = 1, None, idx
+        out.append((tid, idx, src, start, end, line, year))
+        if end is not None:
+            newlines, first_year = measured[(idx, start)]
+            line += newlines
+            year = year if year is not None else first_year
     return out

@@ -112,17 +112,28 @@ class Scanner:
         return res
 
     def scan_source(self, src: R.Source, idx: int, res: ScanResult,
-                    progress: Optional[Callable[[int], None]] = None):
-        """Scan one input (file ``idx`` of the scan) into ``res``."""
+                    progress: Optional[Callable[[int], None]] = None,
+                    start: int = 0, end: Optional[int] = None, first_line: int = 1):
+        """Scan one input (file ``idx`` of the scan) into ``res``; or the piece of it from
+        ``start`` to ``end`` (``R.split_points``), whose first line is ``first_line``."""
         got, n_notes = False, len(res.notes)
-        for chunk in R.read_chunks(src, res.notes):
+        line = first_line
+        for chunk in R.read_chunks(src, res.notes, start=start, end=end, first_line=first_line):
             got = True
             self.scan_chunk(chunk, src.name, idx, res)
             res.bytes_read += len(chunk.data)
+            line = chunk.first_line + chunk.newlines
             if progress:
                 progress(len(chunk.data))
+        if end is not None and res.open_blocks:
+            # a block (traceback, timers...) that goes on past the piece: read on for it alone,
+            # as a serial scan would feed it at the next chunk's start
+            for chunk in R.read_chunks(src, [], start=end, first_line=line):
+                res.open_blocks = [b for b in res.open_blocks if self._feed(b, chunk.data, 0, chunk.first_line)]
+                if not res.open_blocks:
+                    break
         # read = some data came, or an empty file opened without a problem (a note)
-        if got or len(res.notes) == n_notes:
+        if start == 0 and (got or len(res.notes) == n_notes):
             if not got and src.path is None:
                 res.notes.append("-: standard input was empty")
             res.sources.append(src.name)

@@ -108,3 +108,105 @@ def test_cli_jobs_gives_the_same_report(run_cli, rank_dir):
 def test_cli_rejects_zero_jobs(run_cli, rank_dir):
     code, _out, err = run_cli(str(rank_dir), "--jobs", "0")
     assert code == 2 and "jobs" in err.lower()
+
+
+@pytest.fixture(scope="module")
+def big_single(tmp_path_factory):
+    """One log of many chunks (the chunk made small for the test): a generated MLM-format job
+    (timer blocks, dense iteration and memory lines) with the fixture logs' tracebacks, torchrun
+    blocks and errors spliced in every few hundred lines, so that blocks cross piece ends."""
+    d = tmp_path_factory.mktemp("single")
+    gen = d / "gen.log"
+    _gen()(gen, 3 << 20, ranks=64, seed=11, fmt="mlm")
+    lines = gen.read_bytes().splitlines(keepends=True)
+    extras = [p.read_bytes() for p in sorted((REPO / "fixtures" / "logs").glob("*.log"))]
+    out = []
+    for i in range(0, len(lines), 700):
+        out.extend(lines[i:i + 700])
+        out.append(extras[(i // 700) % len(extras)])
+    log = d / "run.out"
+    log.write_bytes(b"".join(out))
+    return log
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_one_big_file_cut_in_pieces_equals_serial(db, big_single, monkeypatch, jobs):
+    import diagnose.parallel as P
+    from diagnose.logs import read as R
+
+    from diagnose.match.engine import Engine
+
+    monkeypatch.setattr(R, "CHUNK", 48 << 10)  # ~100 chunks: block ends and piece ends meet
+    monkeypatch.setattr(P, "SPLIT_MIN", 512 << 10)
+    monkeypatch.setattr(Engine, "EXACT", 16)  # and the dense lines of each chunk are sampled
+    sc = Scanner(db, "regex")
+    serial = scan_parallel(sc, [str(big_single)], jobs=1)
+    par = scan_parallel(sc, [str(big_single)], jobs=jobs)
+    assert getattr(par, "jobs", 1) == jobs
+    want, got = summary(db, serial), summary(db, par)
+    assert want["root"] is not None and want["tracebacks"] and want["torchrun"] and want["timers"][0] > 5
+    assert serial.structure.skipped  # the dense lines were sampled
+    for key in want:
+        assert got[key] == want[key], key
+    for field in ("tally", "peaks", "skipped", "year", "timer_blocks", "traceback_count"):
+        assert getattr(par.structure, field) == getattr(serial.structure, field), field
+
+
+def test_split_points_are_serial_chunk_ends(big_single, monkeypatch):
+    from diagnose.logs import read as R
+
+    monkeypatch.setattr(R, "CHUNK", 48 << 10)
+    ends, pos = set(), 0
+    for chunk in R.read_chunks(R.Source(str(big_single), big_single), []):
+        pos = chunk.offset + len(chunk.data)
+        ends.add(pos)
+    cuts = R.split_points(big_single, 5)
+    assert len(cuts) == 4 and cuts == sorted(cuts) and set(cuts) <= ends
+    data = big_single.read_bytes()
+    assert all(data[c - 1:c] == b"\n" for c in cuts)
+
+
+def test_many_pieces_in_process_blocks_read_on_past_a_piece_end(db, big_single, monkeypatch):
+    """The pieces of a file, scanned one by one in this process and merged in order, give the
+    serial result; and some piece ended inside a block, which its scan then read on for."""
+    import gc
+
+    import diagnose.parallel as P
+    from diagnose.analyze.findings import Findings
+    from diagnose.logs import read as R
+    from diagnose.logs import structure as S
+    from diagnose.match.engine import Engine
+    from diagnose.scan import ScanResult
+
+    monkeypatch.setattr(R, "CHUNK", 16 << 10)
+    monkeypatch.setattr(P, "SPLIT_MIN", 64 << 10)
+    monkeypatch.setattr(Engine, "EXACT", 16)
+    sc = Scanner(db)
+    serial = sc.scan_paths([str(big_single)])
+    sources = list(R.iter_sources([str(big_single)], []))
+
+    class InProcess:
+        map = staticmethod(lambda f, xs: list(map(f, xs)))
+
+    work = P._number_pieces(InProcess, P.plan_tasks(sources, 40))
+    assert len(work) == 40
+    calls = []
+    real = R.read_chunks
+    monkeypatch.setattr(R, "read_chunks", lambda *a, **k: (calls.append(k.get("start")), real(*a, **k))[1])
+    gc_was = gc.isenabled()
+    P._init(db, None, None, True, None)
+    try:
+        out = ScanResult(Findings(), S.Structure(), [])
+        read_on = 0
+        for task in work:
+            before = len(calls)
+            _tid, res = P._scan_one(task)
+            read_on += len(calls) - before > 1
+            P.merge(out, res, sc.sigs)
+    finally:
+        if gc_was:
+            gc.enable()
+    assert read_on >= 1  # a piece ended inside a block (a traceback, timers, torchrun's summary)
+    assert summary(db, out) == summary(db, serial)
+    for field in ("tally", "peaks", "skipped", "year", "timer_blocks", "traceback_count"):
+        assert getattr(out.structure, field) == getattr(serial.structure, field), field

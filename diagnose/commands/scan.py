@@ -35,8 +35,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--baseline-ms", type=float, help="Baseline iteration time (ms) for slowdown symptoms.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Processes for many files, one file each (default: every core when several files of "
-                   "16 MB or more in all are given; 1 = serial). The result is the serial scan's.")
+              help="Processes: one file each, and a file of 64 MB or more cut in pieces (default: every "
+                   "core when several files of 16 MB or more in all, or one of 64 MB or more, are given; "
+                   "1 = serial). The result is the serial scan's.")
 @click.option("--signatures", "sig_path", type=click.Path(file_okay=False), hidden=True)
 @click.option("--fix", "fix_path", type=str, metavar="CFG",
               help="Plan a fix for the root cause (or, with no log, for the config's preflight) and rewrite CFG.")

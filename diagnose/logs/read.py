@@ -251,13 +251,13 @@ def _regular_fd(raw) -> Optional[int]:
         return None
 
 
-def _whole_lines(fd: int, raw, size: int) -> int:
-    """How much to read from ``raw`` for a block that ends at a newline: the block is then the
+def _whole_lines(fd: int, pos: int, size: int) -> int:
+    """How much to read at ``pos`` for a block that ends at a newline: the block is then the
     chunk itself, with no copy. The last newline before ``size`` is found in a small look-ahead
     (``os.pread``, which leaves the file position alone); near the end of the file, or in a
     line longer than the look-ahead, ``size`` (the reader then carries the rest as usual)."""
     try:
-        at = raw.tell() + size - PROBE
+        at = pos + size - PROBE
         probe = os.pread(fd, PROBE, at) if at >= 0 else b""
     except OSError:
         return size
@@ -267,8 +267,72 @@ def _whole_lines(fd: int, raw, size: int) -> int:
     return size if k < 0 else size - PROBE + k + 1
 
 
-def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterator[Chunk]:
-    """Stream ``source`` as chunks of whole lines; read errors end the file with a note."""
+def splittable(path: Path) -> Optional[int]:
+    """The size of ``path`` when pieces of it can be scanned apart (a regular, uncompressed
+    file), else None."""
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(2) == b"\x1f\x8b":
+                return None
+            return os.fstat(f.fileno()).st_size
+    except OSError:
+        return None
+
+
+def split_points(path: Path, pieces: int, chunk_size: Optional[int] = None) -> list:
+    """Offsets that cut ``path`` into about ``pieces`` parts of whole chunks: each is where a
+    chunk of a serial read ends at a newline, so a reader that starts there reads the very
+    chunks a serial read gives (the same lines, the same sampling). Walks the serial reads with
+    the look-ahead alone: one ``pread`` per chunk."""
+    chunk_size = chunk_size or CHUNK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        clean, pos = [], 0
+        while True:
+            want = _whole_lines(fd, pos, chunk_size)
+            if pos + want >= size:
+                break
+            pos += want
+            if os.pread(fd, 1, pos - 1) == b"\n":
+                clean.append(pos)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    out: list = []
+    for k in range(1, pieces):  # the clean end nearest each even cut, in order, no repeats
+        target = size * k // pieces
+        best = min((c for c in clean if not out or c > out[-1]), key=lambda c: abs(c - target), default=None)
+        if best is not None:
+            out.append(best)
+    return out
+
+
+def count_newlines(path: Path, start: int, end: int, block: int = 8 << 20) -> int:
+    n = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while start < end:
+            data = os.pread(fd, min(block, end - start), start)
+            if not data:
+                break
+            n += data.count(b"\n")
+            start += len(data)
+    finally:
+        os.close(fd)
+    return n
+
+
+def read_chunks(source: Source, notes: list, chunk_size: Optional[int] = None, start: int = 0,
+                end: Optional[int] = None, first_line: int = 1) -> Iterator[Chunk]:
+    """Stream ``source`` as chunks of whole lines; read errors end the file with a note.
+
+    ``start`` / ``end`` / ``first_line``: a piece of a regular, uncompressed file, from one of
+    its ``split_points`` (the reader then gives the chunks a serial read gives there)."""
     try:
         raw, stream = _open(source)
     except InputError as exc:
@@ -277,14 +341,22 @@ def read_chunks(source: Source, notes: list, chunk_size: int = CHUNK) -> Iterato
     except OSError as exc:
         notes.append(f"{source.name}: cannot read ({exc.strerror or exc})")
         return
+    chunk_size = chunk_size or CHUNK
     carry = b""
-    line_no = 1
-    offset = 0
+    line_no = first_line
+    offset = start
     fd = _regular_fd(raw) if stream is raw else None
+    if start:
+        raw.seek(start)
     try:
         while True:
+            want = chunk_size if fd is None else _whole_lines(fd, raw.tell(), chunk_size)
+            if end is not None:
+                want = min(want, end - offset - len(carry))
+                if want <= 0:
+                    break
             try:
-                block = stream.read(chunk_size if fd is None else _whole_lines(fd, raw, chunk_size))
+                block = stream.read(want)
             except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
                 kind = "truncated or corrupt gzip" if stream is not raw else "read error"
                 done = offset + len(carry)
