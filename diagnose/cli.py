@@ -11,7 +11,7 @@ import sys
 import click
 
 from . import __version__, exitcodes
-from .commands import REGISTRY
+from . import commands
 
 
 class DefaultGroup(click.Group):
@@ -20,9 +20,16 @@ class DefaultGroup(click.Group):
     default_command = "scan"
 
     def parse_args(self, ctx, args):
-        if not args or args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        if not args or args[0] not in commands.REGISTRY and args[0] not in ("--help", "-h", "--version"):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
+
+    # subcommands are imported when used (commands.load)
+    def list_commands(self, ctx):
+        return list(commands.REGISTRY)
+
+    def get_command(self, ctx, name):
+        return commands.load(name) if name in commands.REGISTRY else None
 
     def format_usage(self, ctx, formatter):
         formatter.write_usage("diagnose", "[PATH]... [OPTIONS] | COMMAND [ARGS]...")
@@ -41,10 +48,6 @@ def cli():
       diagnose check cfg.yaml [key=value ...]   preflight a config before any GPU is spent
       diagnose signatures list|show ID|test     the signature database
     """
-
-
-for _name, _cmd in REGISTRY.items():
-    cli.add_command(_cmd, _name)
 
 
 def main(argv=None):
