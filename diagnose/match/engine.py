@@ -255,8 +255,13 @@ class RegexEngine(Engine):
         pattern, leaves = None, {}
         if re_lits:
             pivots = []
-            for lit in re_lits:  # the anchor's rarest chosen byte starts its alternative
-                k = min((i for i in range(len(lit)) if lit[i] in chosen), key=lambda i: (freq.get(lit[i], 0), i))
+
+            def rarity(lit: bytes, i: int) -> tuple:  # re stops at the byte, then walks the next ones
+                head = grams[3].get(lit[i:i + 3], 0) if len(lit) - i >= 3 else freq.get(lit[i], 0)
+                return head, freq.get(lit[i], 0), i
+
+            for lit in re_lits:  # an anchor's alternative starts at the chosen byte of its rarest 3 bytes
+                k = min((i for i in range(len(lit)) if lit[i] in chosen), key=lambda i: rarity(lit, i))
                 pivots.append((lit, k))
             pattern = re.compile(_trie(pivots))
             # a match names the first alternative that matched (its empty group); the anchors that
