@@ -60,18 +60,24 @@ class Engine(ABC):
                                            if len(keys) == 1 and keys[0] in dense}
 
     @abstractmethod
-    def find(self, buf: bytes) -> Iterable[tuple[int, bytes]]:
-        """Yield (offset, literal) for every occurrence of every anchor literal in ``buf``."""
+    def occurrences(self, buf: bytes) -> dict[bytes, list[int]]:
+        """{literal: offsets of its occurrences in ``buf``}; literals that do not occur are left out."""
+
+    def find(self, buf: bytes) -> list[tuple[int, bytes]]:
+        """(offset, literal) for every occurrence of every anchor literal in ``buf``."""
+        return [(off, lit) for lit, offs in self.occurrences(buf).items() for off in offs]
 
     def find_split(self, buf: bytes) -> tuple[list, dict]:
-        """(occurrences of the other literals as (offset, literal), {dense literal: [offsets]})."""
-        occ, dense = [], {}
+        """(occurrences of the other literals as (offset, literal), {dense literal: [offsets]}):
+        dense literals are the bulk of the matches in a big log, kept as bare offsets."""
+        occ: list = []
+        dense: dict = {}
         dense_of = self.dense_of
-        for off, lit in self.find(buf):
+        for lit, offs in self.occurrences(buf).items():
             if lit in dense_of:
-                dense.setdefault(lit, []).append(off)
+                dense[lit] = offs
             else:
-                occ.append((off, lit))
+                occ.extend((off, lit) for off in offs)
         return occ, dense
 
     def scan(self, buf: bytes) -> list[tuple[int, int, set]]:
@@ -80,10 +86,7 @@ class Engine(ABC):
         An occurrence belongs to the line its first byte is on (``line_end`` is the offset of
         that line's newline, or ``len(buf)``).
         """
-        occ = self.find(buf)
-        if not isinstance(occ, list):
-            occ = list(occ)
-        return self._lines(buf, occ)
+        return self._lines(buf, self.find(buf))
 
     def scan_sampled(self, buf: bytes) -> tuple[list[tuple[int, int, set]], dict]:
         """``scan`` with the lines of dense keys sampled: (lines, {dense key: occurrences}).
@@ -190,8 +193,8 @@ class RegexEngine(Engine):
     WIDTHS = (3, 6)  # substring lengths tried as shared find needles (and whole anchors)
 
     def make_plan(self, sample: bytes, n: int) -> tuple:
-        """(re pattern or None, {group: (literal, pivot offset, [(co-occurring literal, its pivot offset)])},
-        [(needle, [(literal, offset)])])."""
+        """(re pattern or None, {group: (literal, pivot offset)}, {group: [(literal that can occur at
+        the same pivot, its pivot offset)]}, [(needle, [(literal, offset)], expected hits per byte)])."""
         m = max(1, len(sample))
         freq = Counter(sample)
         scale = n / m
@@ -242,17 +245,16 @@ class RegexEngine(Engine):
             others = set().union(*(serve[c] for c in picked if c != cand))
             if serve[cand] <= others:
                 picked.remove(cand)
-        re_bytes = [(c[1], None) for c in picked if c[0] == "re"]
-        covered = set().union(*(serve[c] for c in picked if c[0] == "re")) if re_bytes else set()
+        chosen = {c[1] for c in picked if c[0] == "re"}
+        re_lits = sorted({lit for c in picked if c[0] == "re" for lit in serve[c]})
+        covered = set(re_lits)
         finds = []
         for cand in sorted((c for c in picked if c[0] == "find"), key=lambda c: base[c]):
             group = sorted(serve[cand] - covered)  # what the re pass reaches needs no sweep
             if group:
                 finds.append((cand[1], group))
                 covered |= set(group)
-        chosen = {b for b, _ in re_bytes}
-        re_lits = sorted({lit for c in picked if c[0] == "re" for lit in serve[c]})
-        pattern, leaves = None, {}
+        pattern, leaves, cos = None, {}, {}
         if re_lits:
             pivots = []
 
@@ -270,15 +272,16 @@ class RegexEngine(Engine):
             for lit, k in pivots:
                 by_byte[lit[k]].append((lit, k))
             for name, group in pattern.groupindex.items():
-                lit, k = pivots[int(name[1:])]
+                lit, k = leaves[group] = pivots[int(name[1:])]
                 rest, head = lit[k:], lit[:k]
                 co = tuple((o, j) for o, j in by_byte[lit[k]] if o != lit
                            and (o[j:].startswith(rest) or rest.startswith(o[j:]))
                            and (o[:j].endswith(head) or head.endswith(o[:j])))
-                leaves[group] = (lit, k, co)
+                if co:
+                    cos[group] = co
         # a needle's expected hits per byte of buffer: a buffer with many more asks for a new plan
         sweeps = [(g, [(lit, lit.find(g)) for lit in group], occurrences(g) / n) for g, group in finds]
-        return pattern, leaves, sweeps
+        return pattern, leaves, cos, sweeps
 
     def _sample(self, buf: bytes) -> bytes:
         n, w = len(buf), self.SAMPLE
@@ -287,26 +290,9 @@ class RegexEngine(Engine):
         step = (n - w) // (self.WINDOWS - 1)
         return b"".join(buf[i * step:i * step + w] for i in range(self.WINDOWS))
 
-    def find(self, buf: bytes):
-        return [(off, lit) for lit, offs in self._find(buf).items() for off in offs]
-
-    def find_split(self, buf: bytes) -> tuple[list, dict]:
-        """``find`` with dense literals' offsets kept apart (no tuple for them)."""
-        occ: list = []
-        dense: dict = {}
-        dense_of = self.dense_of
-        for lit, offs in self._find(buf).items():
-            if lit in dense_of:
-                dense[lit] = offs
-            else:
-                occ.extend((off, lit) for off in offs)
-        return occ, dense
-
-    def _find(self, buf: bytes) -> dict:
-        """{literal: [offsets of its occurrences]} (literals that do not occur are left out)."""
+    def occurrences(self, buf: bytes) -> dict:
         lists: dict = {lit: [] for lit in self.by_literal}
-        push = {lit: offs.append for lit, offs in lists.items()}
-        self._sweep(buf, push)
+        self._sweep(buf, {lit: offs.append for lit, offs in lists.items()})
         return {lit: offs for lit, offs in lists.items() if offs}
 
     def _sweep(self, buf: bytes, push: dict):
@@ -338,12 +324,11 @@ class RegexEngine(Engine):
 
     def _planned(self, buf: bytes, push: dict):
         find = buf.find
-        pattern, leaves, sweeps = self.plan
+        pattern, leaves, cos, sweeps = self.plan
         startswith = buf.startswith
         if pattern is not None:
             search = pattern.search
-            fast = {g: (push[lit], k) for g, (lit, k, _co) in leaves.items()}
-            cos = {g: co for g, (_lit, _k, co) in leaves.items() if co}
+            fast = {g: (push[lit], k) for g, (lit, k) in leaves.items()}
             m = search(buf)
             while m is not None:
                 p = m.start()

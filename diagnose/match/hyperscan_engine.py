@@ -57,33 +57,15 @@ class HyperscanEngine(Engine):
         self.lens = [len(x) for x in self.lits]
         self.db = self._compile(self.lits) if self.lits else None
 
-    def find(self, buf: bytes):
+    def occurrences(self, buf: bytes) -> dict:
+        """One pass; the match callback only appends an offset to its literal's list."""
         if self.db is None or not buf:
-            return []
-        occ: list = []
-        push = occ.append
-        lits, lens = self.lits, self.lens
-        self.db.scan(buf, match_event_handler=lambda i, _s, end, _f, _c: push((end - lens[i], lits[i])))
-        return occ
-
-    def find_split(self, buf: bytes):
-        """One pass; the match callback only appends an offset to its literal's list (dense
-        literals are the bulk of the matches in a big log: no tuple, no sort for them)."""
-        if self.db is None or not buf:
-            return [], {}
+            return {}
         lists = [[] for _ in self.lits]
         push = [x.append for x in lists]
         lens = self.lens
         self.db.scan(buf, match_event_handler=lambda i, _s, end, _f, _c: push[i](end - lens[i]))
-        occ, dense = [], {}
-        dense_of = self.dense_of
-        for lit, offs in zip(self.lits, lists):
-            if offs:
-                if lit in dense_of:
-                    dense[lit] = offs
-                else:
-                    occ.extend((off, lit) for off in offs)
-        return occ, dense
+        return {lit: offs for lit, offs in zip(self.lits, lists) if offs}
 
     def __getstate__(self):  # the compiled database is rebuilt in a worker process, never pickled
         return {"anchors": self.anchors, "dense": self.dense_keys}
