@@ -25,13 +25,25 @@ import multiprocessing as mp
 import os
 import time
 from collections import Counter
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from .analyze.findings import MAX_LINES, MAX_SAMPLES, Findings, _earlier
 from .logs import read as R
 from .logs import structure as S
 from .logs.lines import clean
 from .scan import Scanner, ScanResult
+
+class Task(NamedTuple):
+    """A whole file (``start`` 0, ``end`` None) or a piece of one, as a worker scans it."""
+
+    tid: int  # position in scan order: results are merged in this order
+    idx: int  # the file's index among the inputs
+    src: R.Source
+    start: int
+    end: Optional[int]
+    first_line: int = 1
+    year: Optional[int] = None  # the glog year a serial scan knows on reaching the piece
+
 
 AUTO_MIN_BYTES = 16 << 20  # below this, starting processes costs more than it saves (auto mode)
 SPLIT_MIN = 64 << 20  # a file this large is cut into pieces that processes scan side by side
@@ -62,20 +74,19 @@ def _progress(n: int):
         _COUNTER.value += n
 
 
-def _scan_one(task):
+def _scan_one(t: Task):
     """One file, or one piece of a file: (task id, its result)."""
-    tid, idx, src, start, end, first_line, year = task
     res = ScanResult(Findings(), S.Structure(), [], engine=_SCANNER.engine.name)
-    res.structure.year = year
-    _SCANNER.scan_source(src, idx, res, _progress if _COUNTER is not None else None, start, end, first_line)
-    return tid, _slim(res)
+    res.structure.year = t.year
+    _SCANNER.scan_source(t.src, t.idx, res, _progress if _COUNTER is not None else None, t.start, t.end,
+                         t.first_line)
+    return t.tid, _slim(res)
 
 
-def _measure_piece(task):
+def _measure_piece(t: Task):
     """Before a piece is scanned: its newlines (the next piece's first line) and the year of its
     first dated iteration line (glog timestamps after it take that year, as in a serial scan)."""
-    path, start, end = task
-    return R.count_newlines(path, start, end), _first_year(path, start, end)
+    return R.count_newlines(t.src.path, t.start, t.end), _first_year(t.src.path, t.start, t.end)
 
 
 def _first_year(path, start: int, end: int, tries: int = 1000):
@@ -92,9 +103,9 @@ def _first_year(path, start: int, end: int, tries: int = 1000):
             while 0 <= i and tries > 0:
                 tries -= 1
                 a, b = data.rfind(b"\n", 0, i) + 1, data.find(b"\n", i)
-                p = S.parse_iteration(clean(data[a:b if b >= 0 else len(data)]), "", 0)
-                if p is not None and p.time is not None:
-                    return time.gmtime(p.time).tm_year
+                year = S.iteration_year(S.parse_iteration(clean(data[a:b if b >= 0 else len(data)]), "", 0))
+                if year is not None:
+                    return year
                 i = data.find(anchor, i + 1, cut)
             pos += cut
     finally:
@@ -232,23 +243,27 @@ def plan_jobs(sources: list, jobs: Optional[int]) -> int:
     if not files or len(files) < len(sources):  # standard input: serial
         return 1
     big = any(_size(s) >= SPLIT_MIN for s in files)
-    if jobs is not None:
-        return max(1, jobs if big else min(jobs, len(files))) if (len(files) > 1 or big) else 1
     if len(files) < 2 and not big:
         return 1
-    total = sum(_size(s) for s in files)
-    return (cpu_count() if big else min(cpu_count(), len(files))) if total >= AUTO_MIN_BYTES else 1
+    limit = None if big else len(files)  # pieces of a big file can keep any number busy
+    if jobs is not None:
+        return max(1, min(jobs, limit or jobs))
+    if sum(_size(s) for s in files) < AUTO_MIN_BYTES:
+        return 1
+    return min(cpu_count(), limit or cpu_count())
 
 
 def plan_tasks(sources: list, n: int) -> list:
-    """(file index, source, start, end) in scan order: whole files, and files of ``SPLIT_MIN``
-    or more cut at ``R.split_points`` into up to ``n`` pieces of at least SPLIT_MIN / 2."""
-    tasks = []
+    """Tasks in scan order: whole files, and files of ``SPLIT_MIN`` or more cut at
+    ``R.split_points`` into up to ``n`` pieces of at least SPLIT_MIN / 2 (first lines and years
+    not known yet: ``_number_pieces``)."""
+    tasks: list = []
     for idx, src in enumerate(sources):
         size = R.splittable(src.path) if n > 1 and src.path is not None else None
         cuts = R.split_points(src.path, min(n, size // (SPLIT_MIN // 2))) if size and size >= SPLIT_MIN else []
         bounds = [0, *cuts, None]
-        tasks.extend((idx, src, a, b) for a, b in zip(bounds, bounds[1:]))
+        for a, b in zip(bounds, bounds[1:]):
+            tasks.append(Task(len(tasks), idx, src, a, b))
     return tasks
 
 
@@ -284,8 +299,8 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
             except mp.TimeoutError:
                 pass
             while nxt in waiting:
-                if work[nxt][3] == 0:  # a file's first (or only) task
-                    out.notes.extend(order[work[nxt][1]][1])
+                if work[nxt].start == 0:  # a file's first (or only) task
+                    out.notes.extend(order[work[nxt].idx][1])
                 merge(out, waiting.pop(nxt), scanner.sigs)
                 nxt += 1
             if progress:
@@ -301,25 +316,23 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
     return out
 
 
-def _task_size(task) -> int:
-    _tid, _idx, src, start, end, _line, _year = task
-    return (end if end is not None else _size(src)) - start
+def _task_size(t: Task) -> int:
+    return (t.end if t.end is not None else _size(t.src)) - t.start
 
 
 def _number_pieces(pool, tasks: list) -> list:
-    """Tasks as ``_scan_one`` takes them: (task id, file index, source, start, end, first line,
-    year). A piece's first line is 1 + the newlines of the pieces before it, counted side by
-    side first; so is the year a serial scan would know when it reaches the piece."""
-    cut = [t for t in tasks if not (t[2] == 0 and t[3] is None)]
-    measured = dict(zip([(t[0], t[2]) for t in cut if t[3] is not None],
-                        pool.map(_measure_piece, [(t[1].path, t[2], t[3]) for t in cut if t[3] is not None])))
-    out, line, year, prev = [], 1, None, None
-    for tid, (idx, src, start, end) in enumerate(tasks):
-        if idx != prev:
-            line, year, prev = 1, None, idx
-        out.append((tid, idx, src, start, end, line, year))
-        if end is not None:
-            newlines, first_year = measured[(idx, start)]
+    """``tasks`` with their first lines and years: a piece's first line is 1 + the newlines of
+    the pieces before it, counted side by side first; so is the year a serial scan would know
+    when it reaches the piece."""
+    ended = [t for t in tasks if t.end is not None]  # a file's last piece (or whole file) needs no count
+    measured = dict(zip((t.tid for t in ended), pool.map(_measure_piece, ended)))
+    out, line, year = [], 1, None
+    for t in tasks:
+        if t.start == 0:
+            line, year = 1, None
+        out.append(t._replace(first_line=line, year=year))
+        if t.end is not None:
+            newlines, first_year = measured[t.tid]
             line += newlines
             year = year if year is not None else first_year
     return out

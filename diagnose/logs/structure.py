@@ -287,6 +287,11 @@ def parse_iteration(text: str, file: str, line: int, want_time: bool = True) -> 
                           timestamp(text) if want_time else None)
 
 
+def iteration_year(p: Optional[IterationPoint]) -> Optional[int]:
+    """The year an iteration line is dated in (it dates the glog lines after it), if any."""
+    return time.gmtime(p.time).tm_year if p is not None and p.time is not None else None
+
+
 def parse_memory(text: str) -> Optional[dict]:
     m = _MEM_HEAD.search(text)
     if not m:
@@ -578,8 +583,8 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
     if key == "@iteration":
         p = parse_iteration(text, file, line, want_time=s.year is None)
         if p:
-            if p.time is not None and s.year is None:
-                s.year = time.gmtime(p.time).tm_year
+            if s.year is None:
+                s.year = iteration_year(p)
             s.add_iteration(p, text)
     elif key == "@memory":
         m = parse_memory(text)
