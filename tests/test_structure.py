@@ -233,6 +233,6 @@ _SOUP = st.lists(st.sampled_from(list("ab :|\t-._()/0123456789eE+nN\u00e9\n,=") 
 @given(_SOUP)
 def test_field_splitters_agree_with_the_field_regexes(text):
     want = {fm.group(1).strip(): fm.group(2).strip() for fm in S._FIELD.finditer(text)}
-    assert S._fields(text, S._FIELD) == want
+    assert dict(S._split_fields(text, S._ITER_FIELDS)) == want
     want_mem = [(fm.group(1).strip(), fm.group(2)) for fm in S._MEM_FIELD.finditer(text)]
-    assert dict(S._memory_fields(text)) == dict(want_mem)
+    assert dict(S._split_fields(text, S._MEM_FIELDS)) == dict(want_mem)

@@ -13,7 +13,7 @@ import re
 import time
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .lines import clean, prefix_key, split_prefix, timestamp
 
@@ -220,58 +220,41 @@ def _is_bad(v: str) -> bool:
 
 # --------------------------------------------------------------------------- single-line parsers
 
-_KEY = re.compile(r"[A-Za-z][\w ()/\-.]*")
-_KEYS: dict = {}  # field name -> the interned name, or None when it is not a field name
+@dataclass(frozen=True)
+class _Fields:
+    """How one kind of line spells its ``| key: value`` fields (iteration or memory lines)."""
+
+    regex: "re.Pattern"  # the field regex: what the split below must give, on any input
+    key: "re.Pattern"  # a well-formed field name
+    value_ok: Callable[[str], bool]  # a well-formed value (the text after the colon)
+    skip: int  # parts before the first field (memory fields follow a "|")
+    names: dict = field(default_factory=dict)  # raw name -> the interned name, or None (not a name)
 
 
-def _fields(rest: str, pattern: "re.Pattern") -> dict:
-    """``key: value`` fields between ``|`` separators, as ``pattern`` (the field regex) finds them.
-
-    The common case, one well-formed ``key: value`` per part, costs one split and one partition
-    per field; a part that is not one (a name with other characters, no space after the colon)
-    goes to the regex, so the result is the regex's on every input.
-    """
-    out = {}
-    keys = _KEYS
-    for part in rest.split("|"):
-        k, sep, v = part.partition(":")
-        if sep and v[:1] in (" ", "\t"):
-            name = keys.get(k, keys)
-            if name is keys:
-                stripped = k.strip()
-                name = keys[k] = sys.intern(stripped) if _KEY.fullmatch(k.lstrip()) and len(keys) < 4096 else None
-            if name is not None:
-                out[name] = v.strip()
-                continue
-        if sep:
-            for fm in pattern.finditer(part):
-                out[sys.intern(fm.group(1).strip())] = fm.group(2).strip()
-    return out
-
-
-_MEM_KEY = re.compile(r"[\w\- ]+")
-_MEM_KEYS: dict = {}
+_ITER_FIELDS = _Fields(_FIELD, re.compile(r"[A-Za-z][\w ()/\-.]*"), lambda v: v[:1] in (" ", "\t"), 0)
 _NUMERIC = frozenset("0123456789.eE+-")
+_MEM_FIELDS = _Fields(_MEM_FIELD, re.compile(r"[\w\- ]+"),
+                      lambda v: bool(v.strip()) and _NUMERIC.issuperset(v.strip()), 1)
 
 
-def _memory_fields(rest: str) -> list:
-    """(key, number text) pairs of a memory report, as ``_MEM_FIELD`` finds them: one split and
-    one partition per field when the field is well formed, the regex on the part otherwise."""
+def _split_fields(rest: str, spec: _Fields) -> list:
+    """(name, value) pairs of the ``key: value`` fields between ``|`` separators, as ``spec.regex``
+    finds them. The common case, a well-formed field per part, costs one split and one partition
+    per field; a part that is not one goes to the regex, so the result is the regex's on every
+    input (tests/test_structure.py)."""
     out = []
-    keys = _MEM_KEYS
-    for part in rest.split("|")[1:]:  # a field follows a "|"
+    names = spec.names
+    for part in rest.split("|")[spec.skip:]:
         k, sep, v = part.partition(":")
         if not sep:
             continue
-        v = v.strip()
-        name = keys.get(k, keys)
-        if name is keys:
-            stripped = k.strip()
-            name = keys[k] = sys.intern(stripped) if _MEM_KEY.fullmatch(k.lstrip()) and len(keys) < 4096 else None
-        if name is not None and v and _NUMERIC.issuperset(v):
-            out.append((name, v))
-            continue
-        out.extend((fm.group(1).strip(), fm.group(2)) for fm in _MEM_FIELD.finditer("|" + part))
+        name = names.get(k, names)
+        if name is names:  # the same few names on every line: checked and interned once
+            name = names[k] = sys.intern(k.strip()) if spec.key.fullmatch(k.lstrip()) and len(names) < 4096 else None
+        if name is not None and spec.value_ok(v):
+            out.append((name, v.strip()))
+        else:
+            out.extend((fm.group(1).strip(), fm.group(2).strip()) for fm in spec.regex.finditer("|" + part))
     return out
 
 
@@ -281,7 +264,7 @@ def parse_iteration(text: str, file: str, line: int, want_time: bool = True) -> 
     m = _ITER.search(text)
     if not m:
         return None
-    fields = _fields(text[m.end():], _FIELD)
+    fields = dict(_split_fields(text[m.end():], _ITER_FIELDS))
     elapsed = _num(fields.get("elapsed time per iteration (ms)", "")) if fields else None
     return IterationPoint(int(m.group(1)), int(m.group(2)), elapsed, fields, file, line,
                           timestamp(text) if want_time else None)
@@ -298,7 +281,7 @@ def parse_memory(text: str) -> Optional[dict]:
         return None
     scale = 2**20 / 1e9 if m.group(2) == "MB" else 1.0  # MLM MB are MiB; Bridge GB are 1e9 bytes
     vals = {}
-    for key, raw in _memory_fields(text[m.end():]):
+    for key, raw in _split_fields(text[m.end():], _MEM_FIELDS):
         v = _num(raw)
         if v is None:
             continue
