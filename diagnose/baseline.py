@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Optional
 
+from . import atomic
 from .model import SEVERITY_RANK, Finding
 from .report.fingerprint import FINGERPRINT_VERSION, fingerprint, normalize_file, normalize_text
 
@@ -58,20 +59,9 @@ def dumps(findings: Iterable[Finding]) -> str:
 def write(path: str, findings: Iterable[Finding]) -> int:
     """Write the baseline atomically; returns how many findings it holds."""
     text = dumps(findings)
-    d = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".baseline-", dir=d)
+        atomic.replace(Path(os.path.abspath(path)), text)
     except OSError as exc:
-        raise BaselineError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise BaselineError(f"{path}: cannot write ({exc.strerror or exc})") from None
     return len(json.loads(text)["findings"])
 

@@ -17,7 +17,6 @@ import difflib
 import hashlib
 import io
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -25,6 +24,8 @@ from typing import Any, Iterable, Optional
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
+
+from .. import atomic
 
 
 class EditError(Exception):
@@ -264,36 +265,14 @@ class FileLock:
         return False
 
 
-def _durable_temp(path: Path, text: str, suffix: str, mode: Optional[int], what: str) -> str:
-    """``text`` in a new temporary file beside ``path``, fsynced (and chmod'ed): its name.
-    The caller links or renames it into place and removes it on failure."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=str(path.parent))
-    except OSError as exc:
-        raise EditError(f"cannot write {what} beside {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise EditError(f"cannot write {what} beside {path}: {exc.strerror or exc}") from None
-        raise
-    return tmp
-
-
 def _write_backup(path: Path, text: str) -> Path:
     """The old text as ``NAME.bak[.N]``, complete or not at all: written to a temporary file,
     fsynced, then hard-linked to the first free backup name (a link never replaces a file, so an
     older backup is never overwritten, and a kill -9 leaves no half-written backup)."""
-    tmp = _durable_temp(path, text, ".bak.tmp", 0o644, "a backup")
+    try:
+        tmp = atomic.durable_temp(path, text, ".bak.tmp", 0o644)
+    except OSError as exc:
+        raise EditError(f"cannot write a backup beside {path}: {exc.strerror or exc}") from None
     try:
         for _ in range(1000):
             bak = backup_path(path)
@@ -339,21 +318,8 @@ def write(snap: Snapshot, new_text: str) -> WriteResult:
             raise EditError(f"{path} is read-only (no write permission bit); not editing it "
                             "(chmod u+w it to let --fix write, or use --overrides)")
         bak = _write_backup(path, snap.text)
-        tmp = _durable_temp(path, new_text, ".tmp", mode, "the new config")
         try:
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        try:
-            dfd = os.open(str(path.parent), os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+            atomic.replace(path, new_text, mode)
+        except OSError as exc:
+            raise EditError(f"cannot write the new config beside {path}: {exc.strerror or exc}") from None
     return WriteResult(path, bak, diff, True)
