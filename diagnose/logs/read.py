@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 CHUNK = 8 << 20  # bytes read at a time
+GZIP_MAGIC = b"\x1f\x8b"  # a gzip stream is detected by content, not by name
 MAX_LINE = 1 << 20  # a line longer than this is split (a 100 MB line without newline is not held whole)
 FIFO_TIMEOUT = 10.0  # seconds to wait for the first data from a named pipe (env DIAGNOSE_FIFO_TIMEOUT)
 
@@ -178,7 +179,7 @@ class _Gunzip:
                 if head[:1] == b"\x00" and self.buf.count(b"\x00", self.pos) == len(self.buf) - self.pos:
                     self.pos = len(self.buf)  # zero padding after a member
                     continue
-                if head != b"\x1f\x8b":
+                if head != GZIP_MAGIC:
                     self.err = gzip.BadGzipFile("trailing data after the end of the gzip stream")
                     self.done = True
                     break
@@ -234,7 +235,7 @@ def _open(source: Source):
     else:
         raw = open(source.path, "rb")  # noqa: SIM115 - closed by read_chunks
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-    if head == b"\x1f\x8b":
+    if head == GZIP_MAGIC:
         return raw, _Gunzip(raw)
     return raw, raw
 
@@ -272,7 +273,7 @@ def splittable(path: Path) -> Optional[int]:
     file), else None."""
     try:
         with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(2) == b"\x1f\x8b":
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or f.read(2) == GZIP_MAGIC:
                 return None
             return os.fstat(f.fileno()).st_size
     except OSError:
