@@ -28,12 +28,12 @@ from ..logs.structure import Structure
 
 def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
     m: dict = {}
-    pts = [p for p in s.iterations]
+    pts = s.iterations
     t, peaks = s.tally, s.peaks
     if pts:
         m["iterations"] = s.iteration_count()
-        m["last_iteration"] = peaks.get("last_iteration", max(p.iteration for p in pts))
-        m["train_iters"] = peaks.get("train_iters", max(p.train_iters for p in pts))
+        m["last_iteration"] = peaks["last_iteration"]  # over every line read (add_iteration)
+        m["train_iters"] = peaks["train_iters"]
         times = [p.elapsed_ms for p in pts if p.elapsed_ms is not None and math.isfinite(p.elapsed_ms)]
         if times:
             m["iter_ms_median"] = median(times)

@@ -65,7 +65,7 @@ def report_dict(r: Report) -> dict:
     if st is not None:
         structure = {
             "iterations": st.iteration_count(),
-            "last_iteration": st.peaks.get("last_iteration", max((p.iteration for p in st.iterations), default=None)),
+            "last_iteration": st.peaks.get("last_iteration"),
             "memory_reports": st.memory_count(), "timer_blocks": st.timer_blocks,
             "tracebacks": st.traceback_count,
             "torchrun": [{"section": t.section, "rank": t.rank, "local_rank": t.local_rank, "exitcode": t.exitcode,
