@@ -43,6 +43,7 @@ class Database:
     signatures: list[Signature]
     by_id: dict[str, Signature] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    root: str = ""  # the folder it was loaded from (its layers/ tables: analyze/layers.py)
 
     def __post_init__(self):
         self.by_id = {s.id: s for s in self.signatures}
@@ -104,11 +105,17 @@ def _load(path: str) -> Database:
                     raise DatabaseError(f"{f.name}: {sig.id}: duplicate id/slug {key!r} (also in {seen[key]})")
                 seen[key] = f.name
             sigs.append(sig)
-    db = Database(sigs, files=[f.name for f in files])
+    db = Database(sigs, files=[f.name for f in files], root=str(root))
     for s in sigs:
         for ref in (*s.supersedes, *s.demoted_by, *[r for r in s.refines if not r.startswith("category:")]):
             if ref not in db.by_id:
                 raise DatabaseError(f"{s.file}: {s.id}: refers to unknown signature {ref!r}")
+    from .analyze import layers
+
+    try:
+        layers.check_against(layers.load_tables(str(root)), db)
+    except layers.LayerError as exc:
+        raise DatabaseError(str(exc)) from None
     return db
 
 

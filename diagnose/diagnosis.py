@@ -36,6 +36,9 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
                                                                       res.findings.lines)
     RC.add_symptoms(db, res.findings, res.structure, cfg, metrics, where)
     root = RC.choose(db, res.findings, cfg, metrics, res.structure.torchrun)
+    if root is not None:
+        world = cfg.get("world_size") if cfg is not None else None
+        root.straggler = RC.straggler(root, res.findings, _ranks_seen(res), world)
     report = Report(inputs=list(inputs or res.sources), root_cause=root, findings=res.findings.all(),
                     config=cfg, config_source=cfg.source if cfg is not None else None,
                     structure=res.structure, notes=list(res.notes), bytes_read=res.bytes_read,
@@ -45,6 +48,19 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
     report.metrics = metrics  # type: ignore[attr-defined]
     report.engine = res.engine  # type: ignore[attr-defined]
     return report
+
+
+def _ranks_seen(res: ScanResult) -> set:
+    """Every rank the log names: findings, tracebacks, torchrun's summary, one file per rank."""
+    st = res.structure
+    seen = {r for f in res.findings.all() for r in f.ranks}
+    seen.update(tb.rank for tb in st.tracebacks)
+    seen.update(e[2] for e in st.exceptions)
+    seen.update(t.rank for t in st.torchrun)
+    seen.update(m.get("rank") for m in st.memory)
+    seen.update(res.file_ranks.values())
+    seen.discard(None)
+    return seen
 
 
 def _config_where(res: ScanResult, given: Optional[RunConfig]) -> tuple:

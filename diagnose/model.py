@@ -27,7 +27,9 @@ ROLES = ("root", "cascade", "confirmation", "advice")
 # timers); refine: a sharper reading of another signature's hit, given the config or captures;
 # config: a trap in the configuration itself that no framework reports (preflight, and the scan
 # when the log or --config gives the config).
-SCOPES = ("line", "metric", "refine", "config")
+# layer: named by an evidence layer (analyze/layers.py) when no exact signature matched: an
+# exception read by its type and message, a traceback by its frames, a failed job by its exit.
+SCOPES = ("line", "metric", "refine", "config", "layer")
 SAFETY = ("safe", "unsafe", "display-only")
 
 
@@ -125,6 +127,8 @@ class RootCause:
     overrides: list = field(default_factory=list)  # "key=value" strings
     rank_source: Optional[str] = None  # where the rank came from (line / torchrun block)
     refines: Optional[Finding] = None  # the line finding a refine signature sharpened
+    basis: str = "signature"  # the evidence layer that decided (analyze/layers.py BASES)
+    straggler: Optional[dict] = None  # collective timeouts: the rank that did not report, and who did
 
 
 @dataclass

@@ -117,7 +117,7 @@ def _slim(res: ScanResult) -> ScanResult:
     """What goes back through the pipe: signatures by id (the parent has the database)."""
     for f in res.findings.by_id.values():
         f.signature = f.signature.id
-    res.open_blocks, res.file_ranks = [], {}  # scan state (closed by scan_source): not sent back
+    res.open_blocks = []  # scan state (closed by scan_source): not sent back; file_ranks is small
     return res
 
 
@@ -153,6 +153,7 @@ _LATEST_EVIDENCE = {"timers", "last_iteration"}  # notes written with replace=Tr
 
 def merge_structure(dst: S.Structure, src: S.Structure):
     """Fold ``src`` (a later file's structure) into ``dst`` as one serial scan would have built it."""
+    dropped = 0
     for fld in dataclasses.fields(S.Structure):
         name = fld.name
         a, b = getattr(dst, name), getattr(src, name)
@@ -180,6 +181,19 @@ def merge_structure(dst: S.Structure, src: S.Structure):
                 dst.peak(k, v)
         elif name == "evidence":
             _merge_evidence(a, b)
+        elif name == "tracebacks":
+            # a piece that starts inside a traceback sees its frames without the header: the
+            # piece before read that traceback on (tb_until), so the headless copy goes
+            until = dst.tb_until
+            keep = [tb for tb in b if tb.headless is None
+                    or until.get((tb.file, tb.headless[0]), 0) < tb.headless[1]]
+            dropped = len(b) - len(keep)
+            a.extend(keep[:max(0, S.MAX_RECORDS - len(a))])
+        elif name == "traceback_count":
+            dst.traceback_count = a + b - dropped
+        elif name == "tb_until":
+            for k, v in b.items():
+                a[k] = max(a.get(k, 0), v)
         elif name == "year":  # the year of the first dated iteration line (not a counter)
             if a is None:
                 dst.year = b
@@ -223,6 +237,8 @@ def merge(dst: ScanResult, src: ScanResult, sigs: dict):
     merge_structure(dst.structure, src.structure)
     dst.notes.extend(src.notes)
     dst.sources.extend(src.sources)
+    for name, rank in src.file_ranks.items():
+        dst.file_ranks.setdefault(name, rank)
     dst.bytes_read += src.bytes_read
     dst.lines_read += src.lines_read
 

@@ -18,7 +18,7 @@ from .db import Database
 from .logs import lines as L
 from .logs import read as R
 from .logs import structure as S
-from .match.engine import Engine, make_engine, verify
+from .match.engine import Engine, compiled, make_engine, verify
 from .model import Hit
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d{1,6})(?!\d)", re.I)
@@ -34,6 +34,7 @@ def rank_from_name(name: str) -> Optional[int]:
     return None
 
 
+_COUNTER = re.compile(r"\s*\[\d+/\d+\]\s*$")  # a terminal's scroll position at the end of a copied line
 _SOURCE_RAISE = re.compile(r"^\s+raise\s+[\w.]+\(")
 _SIZE = re.compile(r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b", re.I)
 _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
@@ -155,6 +156,8 @@ class Scanner:
             text = L.clean(data[start:end])
             rank, msg, t = None, None, None
             source_raise = False
+            missed: list = []
+            hits = 0
             for key in sorted(keys):
                 if key[0] == "@":
                     if key in dense:
@@ -162,7 +165,7 @@ class Scanner:
                     block = S.BLOCKS.get(key)
                     if block is None:
                         S.on_line(res.structure, key, text, name, line_no)
-                    else:
+                    elif block.wanted(res.structure, name, line_no, text):
                         b = block(res.structure, name, line_no, text)
                         if self._feed(b, data, end + 1, line_no + 1):
                             open_blocks.append(b)
@@ -181,11 +184,22 @@ class Scanner:
                     continue
                 caps = self._verify(sig, msg)
                 if caps is None:
+                    if sig.regex and sig.severity == "error" and sig.role in ("root", "cascade"):
+                        missed.append(sig)
                     continue
+                hits += 1
                 if t is None:  # the time only for lines that hit (an anchor alone is often no hit)
                     t = L.timestamp(text, res.structure.year)
                 res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
                                           order=file_idx * 10**12 + line_no))
+            # no signature took the line whole: one whose anchor is there may take it cut or wrapped
+            for sig in missed if not hits else ():
+                caps = self._recover(sig, msg, data, end)
+                if caps is not None:
+                    if t is None:
+                        t = L.timestamp(text, res.structure.year)
+                    res.findings.add(sig, Hit(sig.id, name, line_no, text.strip(), rank, t, enrich_captures(caps),
+                                              order=file_idx * 10**12 + line_no))
         res.open_blocks = open_blocks
         skipped = res.structure.skipped
         for key, n in dense.items():
@@ -216,6 +230,34 @@ class Scanner:
                 cache.clear()
             cache[key] = caps
         return caps
+
+    def _recover(self, sig, msg: str, data: bytes, end: int) -> Optional[dict]:
+        """The anchor is on the line but the regex does not match: a terminal may have wrapped
+        the line (the rest is on the next line) or put a scroll counter ("[451/1919]") at its
+        end, or the paste ends inside this line. Returns the captures, marked as the "anchor"
+        evidence layer, or None."""
+        tries = []
+        bare = _COUNTER.sub("", msg)
+        if bare != msg:
+            tries.append(bare)
+        nxt_end = data.find(b"\n", end + 1)
+        nxt = L.clean(data[end + 1:nxt_end if nxt_end >= 0 else len(data)]) if end + 1 < len(data) else ""
+        if nxt.strip():
+            _, cont = L.split_prefix(nxt)
+            tries += [bare + cont.strip(), bare + " " + cont.strip()]
+        for text in tries:
+            caps = self._verify(sig, text)
+            if caps is not None:
+                return {**caps, "layer": "anchor"}
+        if data.find(b"\n", end + 1) < 0 and not data[end + 1:].strip():  # the last line read
+            try:
+                m = compiled(sig.regex).search(bare, partial=True, timeout=0.25)
+            except TimeoutError:
+                m = None
+            first = min((bare.find(a) for a in sig.anchors if a in bare), default=-1)
+            if m is not None and m.partial and m.end() == len(bare) and 0 <= m.start() <= first:
+                return {**{k: v for k, v in m.groupdict().items() if v is not None}, "layer": "anchor"}
+        return None
 
     @staticmethod
     def _feed(block, data: bytes, pos: int, line_no: int) -> bool:

@@ -226,8 +226,8 @@ def _split_prefix_reference(line):
     from diagnose.logs.lines import _PREFIXES, _RANK_IN_TEXT
 
     rank = task = local = None
-    rest, end = line, 0
-    for _ in range(4):
+    rest, key = line, []
+    for _ in range(5):
         for pat, kind in _PREFIXES:
             m = pat.match(rest)
             if m:
@@ -237,7 +237,8 @@ def _split_prefix_reference(line):
                     task = int(m.group(1))
                 elif kind == "local":
                     local = int(m.group(1))
-                end += m.end()
+                if kind != "time":  # timestamps are stripped but do not tell ranks apart
+                    key.append(m.group(0).strip())
                 rest = rest[m.end():]
                 break
         else:
@@ -248,12 +249,13 @@ def _split_prefix_reference(line):
             rank = int(next(g for g in m.groups() if g is not None))
     if rank is None:
         rank = task if task is not None else local
-    return (rank, rest), line[:end].strip()
+    return (rank, rest), " ".join(key)
 
 
 PREFIX_PIECES = [" 2: ", "15: ", "  7:", "i.pretrain/0 ", "[default3]:", "[default3]: ", "[rank12]:", "[rank12]: ",
                  "(RayWorker pid=1234) ", "(pid=9, ip=10.0.0.1) ", "x", " ", "[Rank 4] ", "Rank 5: ", "rank=6 ",
-                 "msg", ":", "[", "]", "1", "/"]
+                 "msg", ":", "[", "]", "1", "/", "2026-01-09 17:40:31.169 ", "2026-01-09 17:40:31.169 node-0 >> ",
+                 "21:39:56.349 ", "(worker1, rank=1, pid=42, ip=10.0.0.2) "]
 
 
 @settings(max_examples=500, deadline=None)

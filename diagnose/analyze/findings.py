@@ -7,7 +7,7 @@ from typing import Optional
 from ..model import Finding, Hit, Signature
 
 MAX_SAMPLES = 20
-MAX_LINES = 200_000  # (file, line) of hits kept to tell explained exceptions from the rest
+MAX_LINES = 200_000  # (file, line) of root / cascade hits kept to tell explained exceptions from the rest
 
 
 class Findings:
@@ -25,7 +25,9 @@ class Findings:
         if f is None:
             f = self.by_id[sig.id] = Finding(signature=sig, first=hit, count=0, ranks=Counter(), samples=[])
         f.count += 1
-        if len(self.lines) < MAX_LINES:
+        # lines that explain an exception there: a root or a consequence, not advice or a
+        # launcher's summary (a confirmation names no cause)
+        if len(self.lines) < MAX_LINES and sig.role in ("root", "cascade"):
             self.lines.add((hit.file, hit.line))
         f.ranks[hit.rank] += 1
         if len(f.samples) < MAX_SAMPLES:

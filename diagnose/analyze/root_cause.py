@@ -21,10 +21,11 @@ from .. import predicate as P
 from ..db import Database
 from ..model import SEVERITY_RANK, Finding, Hit, RootCause, Signature
 from ..remedy.edits import apply_edit, override
-from . import symptoms
+from . import layers, symptoms
 from .findings import Findings, first_hit
 
 GENERIC_EXCEPTION_ID = "MB-GEN-001"
+HANG_IDS = {"MB-GEN-021"}  # what a traceback of a run stopped by hand (KeyboardInterrupt) may name
 
 
 def _roots(cfg, metrics: dict, captures: Optional[dict] = None) -> dict:
@@ -74,33 +75,74 @@ def _order_of(file: str, line: int, findings: Findings) -> int:
 
 
 def add_unexplained_exceptions(db: Database, findings: Findings, structure, covered: set) -> int:
-    sig = db.get(GENERIC_EXCEPTION_ID)
+    """Exceptions and tracebacks that no signature explains, read by the evidence layers
+    (analyze/layers.py): a row of the tables that holds adds a finding of its ``scope: layer``
+    signature; an exception no row knows is the generic "uncaught exception" finding; so is a
+    traceback cut before its exception line. Returns how many exceptions no signature explained."""
+    tables = layers.load_tables(db.root) if db.root else layers.Tables((), ())
+    generic = db.get(GENERIC_EXCEPTION_ID)
+    covered = set(covered)  # the signatures' lines, not the ones added here
     n = 0
-    recs = [(tb.file, tb.line, tb.rank, tb.exc_type, tb.message, tb.text) for tb in structure.tracebacks]
-    recs += list(structure.exceptions)
+    recs = [(tb.file, tb.line, tb.rank, tb.exc_type, tb.message, tb.text, tb.frames, tb.source)
+            for tb in structure.tracebacks]
+    recs += [(*e, [], []) for e in structure.exceptions]
     seen = set()
-    for file, line, rank, etype, message, text in recs:
+    for file, line, rank, etype, message, text, frames, source in recs:
         if (file, line) in seen or any((file, line + d) in covered for d in (-2, -1, 0, 1, 2)):
             continue
         seen.add((file, line))
-        if etype in ("KeyboardInterrupt", "SystemExit") or etype.endswith("Warning"):
+        if (etype or "").endswith("Warning") or etype == "SystemExit":
             continue
+        if etype == "KeyboardInterrupt":  # stopped by hand: a hang where it waited, else nothing
+            row = layers.classify(tables, None, "", frames, source, only=HANG_IDS)
+            if row is None:
+                continue
+        else:
+            row = layers.classify(tables, etype, message, frames, source)
         n += 1
-        if sig is not None:
-            findings.add(sig, Hit(sig.id, file, line, text.strip(), rank, None,
-                                  {"exc_type": etype, "message": message}, order=_order_of(file, line, findings)))
+        sig = db.get(row.signature) if row is not None else generic
+        if sig is None:
+            continue
+        caps = {"exc_type": etype, "message": message}
+        if row is not None:
+            caps.update(layer=row.basis, layer_row=row.id)
+        findings.add(sig, Hit(sig.id, file, line, text.strip(), rank, None, caps,
+                              order=_order_of(file, line, findings)))
     return n
 
 
+def basis_of(f: Finding, hit: Hit) -> str:
+    """Which evidence layer (layers.BASES) a finding's hit comes from."""
+    sig = f.signature
+    if hit.captures.get("layer"):
+        return hit.captures["layer"]
+    if sig.id == GENERIC_EXCEPTION_ID:
+        return "exception"
+    if sig.scope == "metric":
+        return "symptom"
+    if "wrapper" in sig.tags:
+        return "wrapper"
+    return "signature"
+
+
 def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list) -> Optional[RootCause]:
+    """The one root cause, by tiers of evidence (analyze/layers.py): exact root signatures;
+    then what the layers read from unknown exceptions and tracebacks (earliest first); then the
+    consequences (cascades) and the generic uncaught exception (priority, then earliest); then
+    the plain fact that the job failed (torchrun / srun / Ray report a failed worker)."""
     allf = findings.all()
     present = {f.signature.id for f in allf}
     # a root whose evidence another finding explains (torchrun's own SIGKILL of a stuck worker
     # explains an "exitcode -9") counts as a cascade
     demoted = {f.signature.id for f in allf if set(f.signature.demoted_by) & present}
     roots = [f for f in allf if f.signature.role == "root" and f.signature.id != GENERIC_EXCEPTION_ID
-             and f.signature.id not in demoted]
+             and f.signature.scope != "layer" and f.signature.id not in demoted]
+    # what the layers read from exceptions and tracebacks; "failure" rows (a failed subprocess
+    # or worker) only say that the job failed and wait for the last tier
+    layered = [f for f in allf if f.signature.scope == "layer" and f.signature.role == "root"
+               and "failure" not in f.signature.tags]
     chosen: Optional[Finding] = None
+    tier = ""
     if roots:
         top = max(SEVERITY_RANK[f.signature.severity] for f in roots)
         roots = [f for f in roots if SEVERITY_RANK[f.signature.severity] == top]
@@ -111,9 +153,12 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
         for f in roots:
             if chosen.signature.id in f.signature.supersedes:
                 chosen = f
+    elif layered:
+        earliest = first_hit([f.first for f in layered])
+        chosen = next(f for f in layered if f.first is earliest)
     else:
         cands = [f for f in allf if (f.signature.role == "cascade" or f.signature.id in demoted)
-                 and f.signature.severity == "error"]
+                 and f.signature.severity == "error" and f.signature.scope != "layer"]
         generic = findings.get(GENERIC_EXCEPTION_ID)
         if generic:
             cands.append(generic)
@@ -122,6 +167,13 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
             pool = [f for f in cands if f.signature.priority == best]
             earliest = first_hit([f.first for f in pool])
             chosen = next(f for f in pool if f.first is earliest)
+            tier = "" if chosen is generic else "cascade"
+        else:
+            failed = [f for f in allf if f.signature.severity == "error"
+                      and (f.signature.role == "confirmation" or "failure" in f.signature.tags)]
+            if failed:
+                chosen = min(failed, key=lambda f: (-f.signature.priority, f.first.order))
+                tier = "failure"
     if chosen is None:
         return None
 
@@ -144,7 +196,8 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
                                                          or f.signature.id in demoted)]
     return RootCause(finding=finding, hit=hit, confidence="confirmed" if confirmed else "suspected",
                      because=because, set_aside=set_aside, overrides=static_overrides(sig, cfg, roots_map),
-                     rank_source=rank_source, refines=chosen if refined is not None else None)
+                     rank_source=rank_source, refines=chosen if refined is not None else None,
+                     basis=basis_of(chosen, hit) if hit.captures.get("layer") else (tier or basis_of(chosen, hit)))
 
 
 def _pick_hit(f: Finding, torchrun: list) -> tuple[Hit, str]:
@@ -198,3 +251,33 @@ def static_overrides(sig: Signature, cfg, roots: dict) -> list[str]:
 
 def severity_at_least(f: Finding, level: str) -> bool:
     return f.signature.role != "advice" and SEVERITY_RANK[f.signature.severity] >= SEVERITY_RANK[level]
+
+
+def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: Optional[int]) -> Optional[dict]:
+    """A collective timeout that every rank but one reports: the one that did not is the rank
+    the others waited for (the straggler), not any of the ranks whose watchdog fired.
+
+    ``seen_ranks``: every rank the log names (prefixes, files, tracebacks, torchrun);
+    ``world_size``: from the config where it says so, else the highest rank seen + 1."""
+    if root.finding.signature.category != "nccl_timeout":
+        return None
+    reporting = set()
+    for f in findings.all():
+        if f.signature.category == "nccl_timeout" and f.signature.severity == "error":
+            reporting.update(r for r in f.ranks if r is not None)
+    known = {r for r in seen_ranks if r is not None} | reporting
+    if not reporting or not known:
+        return None
+    world = world_size if isinstance(world_size, int) and world_size > max(known) else max(known) + 1
+    silent = sorted(set(range(world)) - reporting)
+    if len(reporting) < 2 or not silent:
+        return None
+    out = {"reporting": sorted(reporting), "not_reporting": silent, "world_size": world,
+           "rank": silent[0] if len(silent) == 1 else None}
+    if out["rank"] is not None:
+        from dataclasses import replace
+
+        root.hit = replace(root.hit, rank=out["rank"])
+        root.rank_source = f"straggler: the only one of {world} ranks without a collective timeout"
+    return out
+

@@ -16,6 +16,8 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   mem_max_allocated_gb   largest (max) allocated memory reported, GB = 1e9 bytes
   alloc_retries_growth   growth of Bridge's mem-alloc-retires over the run
   unexplained_exceptions Python exceptions that no signature recognised
+  overflow_steps         fp16 steps skipped for a gradient overflow (apex, fairseq, DeepSpeed)
+  loss_scale_min         the smallest loss scale those lines set
 """
 from __future__ import annotations
 
@@ -59,6 +61,10 @@ def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
     fb = tm.get("forward-backward")
     if opt and fb and (opt[1] + fb[1]) > 0:
         m["optimizer_share"] = opt[1] / (opt[1] + fb[1])
+    if t.get("overflow_steps"):
+        m["overflow_steps"] = t["overflow_steps"]
+        if peaks.get("loss_scale_min") is not None:
+            m["loss_scale_min"] = -peaks["loss_scale_min"]
     if peaks.get("mem_max_gb") is not None:
         m["mem_max_allocated_gb"] = peaks["mem_max_gb"]
     first = next((r["values"]["alloc_retries"] for r in s.memory if r["values"].get("alloc_retries") is not None), None)
@@ -80,4 +86,6 @@ EVIDENCE_FOR = {
     "mem_max_allocated_gb": "memory",
     "alloc_retries_growth": "memory_retries",
     "unexplained_exceptions": "exception",
+    "loss_scale_min": "loss_scale_min",
+    "overflow_steps": "loss_scale_min",
 }

@@ -14,6 +14,12 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 # Launcher prefixes, outermost first. Each strips one layer and may name a rank.
 _PREFIXES = [
+    # a timestamp (and host) a log shipper or `ts` put in front: "2026-01-09 17:40:31.169 master-0 >> "
+    (re.compile(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+(?:[\w.\-]+ >> )?"), "time"),
+    # a colour code whose ESC byte a paste lost: "[36m(WorkerDict pid=1) ..."
+    (re.compile(r"^\[\d{1,3}(?:;\d{1,3})*m"), "time"),
+    # a clock alone: "21:39:56.349 "
+    (re.compile(r"^\d\d:\d\d:\d\d\.\d{3} (?=\()"), "time"),
     # srun -l / NeMo-Run multi-node:   " 2: [rank2]: ..." or "15: ..."
     (re.compile(r"^\s{0,3}(\d{1,5}): "), "task"),
     # NeMo-Run / torchx:                "i.pretrain/0 [default2]:"
@@ -23,7 +29,10 @@ _PREFIXES = [
     # torch >= 2.3 per-rank prefix:     "[rank3]:"
     (re.compile(r"^\[rank(\d+)\]: ?"), "rank"),
     # Ray workers:                      "(RayWorker pid=1234) "
-    (re.compile(r"^\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) "), None),
+    (re.compile(r"^\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\)(?:\[0m)? "), None),
+    # a worker label that names the rank: "(worker1, rank=1, pid=4242, ip=10.0.0.2) "; a rank
+    # prefix inside it ("[rank13]:") is read after it and wins (the innermost, explicit rank)
+    (re.compile(r"^\([\w.\-]+, rank=(\d+)(?:, [\w.\-]+=[\w.\-]+)*\) "), "rank"),
 ]
 # Ranks named inside the message (NCCL watchdog "[Rank 2]", MLM/Bridge "[Rank 0] (after ...",
 # NaN asserts "Rank 3:", the rerun state machine "Rank 3, node ...").
@@ -74,7 +83,7 @@ def split_prefix(line: str) -> tuple[Optional[int], str]:
     rank = task = local = None
     rest = line
     match = _ANY_PREFIX.match
-    for _ in range(4):
+    for _ in range(5):
         m = match(rest)
         if m is None:
             break
@@ -98,15 +107,16 @@ def split_prefix(line: str) -> tuple[Optional[int], str]:
 
 def prefix_key(line: str) -> str:
     """The launcher prefix of a line, used to follow one rank's traceback through interleaving."""
-    end = 0
+    key = []
     rest = line
-    for _ in range(4):
+    for _ in range(5):
         m = _ANY_PREFIX.match(rest)
         if m is None:
             break
-        end += m.end()
+        if _PREFIX_KIND[m.lastindex][0] != "time":  # a timestamp changes on every line
+            key.append(m.group(0).strip())
         rest = rest[m.end():]
-    return line[:end].strip()
+    return " ".join(key)
 
 
 def timestamp(line: str, year: Optional[int] = None) -> Optional[float]:

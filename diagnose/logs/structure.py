@@ -26,12 +26,17 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@memory": (" memory (MB) | ", " memory (GB) | "),
     "@timers": ("time across ranks (ms):", "times across ranks (ms):"),
     "@traceback": ("Traceback (most recent call last):",),
-    "@exception": ("Error: ", "Exception: ", "Error:\n", "Exception:\n", "Error\n"),
+    # a frame line outside any traceback: a paste that starts inside a traceback (no header)
+    "@frame": ('", line ',),
+    "@exception": ("Error: ", "Exception: ", "Error:\n", "Exception:\n", "Error\n", "Error): ", "Exception): "),
     "@torchrun": ("ChildFailedError", "Root Cause (first observed failure):"),
     "@mlm_args": ("------------------------ arguments ------------------------",),
     "@bridge_yaml": ("Final configuration:",),
     "@bridge_summary": ("Configuration Summary (Non-Default Values",),
     "@step_time": ("Step Time : ",),
+    # fp16 dynamic loss scaling skipped a step (apex amp, fairseq, DeepSpeed, Megatron's scaler)
+    "@overflow": ("Gradient overflow.", "overflow detected, setting loss scale to", "OVERFLOW! Rank",
+                  "reducing loss scale to"),
     "@theoretical": ("Theoretical memory footprints:",),
     # no parser: a line with one of these is never skipped by the sampling of dense lines (a NaN
     # or Inf field value as Megatron prints it, a non-zero NaN-iteration count, allocator retries)
@@ -50,7 +55,8 @@ _MEM_HEAD = re.compile(r"\(after (\d+) iterations\) memory \((MB|GB)\)")
 _MEM_FIELD = re.compile(r"\|\s*([\w\- ]+?):\s*([\d.eE+\-]+)")
 _TIMER_LINE = re.compile(r"^\s{2,}([\w\-/ ]+?)\s*\.{2,}\s*:\s*(?:\(\s*([\d.]+),\s*([\d.]+)\)|([\d.]+))\s*$")
 _EXC_LINE = re.compile(
-    r"^(?:\s*)((?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure))(?::\s?(.*))?$"
+    r"^(?:\s*)((?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure)"
+    r"(?:\((?:[A-Za-z_][\w]*\.)*[A-Z]\w*\))?)(?::\s?(.*))?$"  # Ray: RayTaskError(OutOfMemoryError)
 )
 _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _ARGS_LINE = re.compile(r"^\s+(\S+) \.{3,} (.*)$")
@@ -58,6 +64,7 @@ _SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
 _SUMMARY_FIELD = re.compile(r"^\s{2}(\w+): (.*?)(?:\s{2}\(Mcore default: .*\))?\s*$")
 _YAML_LINE = re.compile(r"^(\s*)(?:- |[\w.\-]+:(?:\s|$)|-$)")
 _STEP_TIME = re.compile(r"Step Time : ([\d.]+)s")
+_NEW_SCALE = re.compile(r"(?:loss scale to:?|reducing to:?)\s*([\d.]+(?:[eE][+-]?\d+)?)")
 
 
 _INT = re.compile(r"[+-]?\d+")
@@ -109,12 +116,14 @@ class IterationPoint:
 @dataclass
 class Traceback:
     file: str
-    line: int  # line of the exception (or of the header while open)
+    line: int  # line of the exception; of the last frame when the log cut it before the exception
     rank: Optional[int]
-    exc_type: Optional[str] = None
+    exc_type: Optional[str] = None  # None: the traceback lost its exception line (cut log)
     message: str = ""
     text: str = ""
-    frames: list = field(default_factory=list)
+    frames: list = field(default_factory=list)  # "File ..., line N, in func" lines, outermost first
+    source: list = field(default_factory=list)  # the source lines under the frames (same order)
+    headless: Optional[tuple] = None  # (prefix key, first line) of one that began at a frame line
 
 
 @dataclass
@@ -152,6 +161,9 @@ class Structure:
     last_time: Optional[float] = None
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
+    # (file, prefix key) -> the last line a traceback reader took: a frame line up to there is
+    # inside a traceback already; after it, a frame line starts a headless one
+    tb_until: dict = field(default_factory=dict)
     # over every line read, stored in the bounded lists above or not (scan.py's sampling, the
     # decimation of ``iterations``): counts (summed across files) and largest values
     tally: dict = field(default_factory=dict)  # iterations, loss_missing, loss_nan, grad_norm_nan, memory
@@ -304,6 +316,11 @@ class Block:
 
     max_lines = 2000
 
+    @staticmethod
+    def wanted(structure: "Structure", file: str, line: int, first: str) -> bool:
+        """Does a hit of the start anchor on this line start a block? (default: always)"""
+        return True
+
     def __init__(self, structure: Structure, file: str, line: int, first: str):
         self.s, self.file, self.start_line = structure, file, line
         self.n = 0
@@ -356,15 +373,32 @@ class TimerBlock(Block):
 
 
 class TracebackBlock(Block):
-    """One rank's traceback, followed through other ranks' interleaved lines by its prefix."""
+    """One rank's traceback, followed through other ranks' interleaved lines by its prefix.
+
+    Keeps the frames and their source lines (bounded: the outermost few and the innermost many)
+    so that a traceback whose exception line the log lost (a cut paste, a killed process) still
+    says where it failed (analyze/layers.py reads them)."""
 
     max_lines = 600
+    MAX_FRAMES = 48
 
     def start(self, first):
         self.key = prefix_key(first)
-        self.rank, _ = split_prefix(first)
-        self.frames = []
+        self.rank, msg = split_prefix(first)
+        self.frames: list = []
+        self.source: list = []
         self.others = 0
+        self.last = self.start_line
+        self.done = False
+        self.s.tb_until[(self.file, self.key)] = self.start_line
+        if msg.strip().startswith("File "):  # headless: the paste starts at a frame
+            self._keep(msg.strip(), "")
+
+    def _keep(self, frame: str, src: str):
+        self.frames.append(frame)
+        self.source.append(src)
+        if len(self.frames) > self.MAX_FRAMES:  # drop from the middle: outermost 8, innermost 40
+            del self.frames[8], self.source[8]
 
     def line(self, text, line):
         if prefix_key(text) != self.key:
@@ -372,21 +406,56 @@ class TracebackBlock(Block):
             return self.others < 400
         _, msg = split_prefix(text)
         stripped = msg.strip()
-        if not stripped or stripped.startswith(("File ", "^", "~")) or msg.startswith((" ", "\t")):
+        self.s.tb_until[(self.file, self.key)] = line
+        indent = len(msg) - len(msg.lstrip())
+        if indent <= 1 and stripped and _EXC_LINE.match(stripped):  # a paste may indent it by one
+            indent = 0
+        if not stripped or stripped.startswith(("File ", "^", "~")) or indent:
             if stripped.startswith("File "):
-                self.frames.append(stripped)
-                self.frames = self.frames[-8:]
+                self._keep(stripped, "")
+                self.last = line
+            elif stripped and self.frames and not self.source[-1] and not stripped.startswith(("^", "~")):
+                self.source[-1] = stripped
             return True
         m = _EXC_LINE.match(stripped)
         if m:
+            self.done = True
             self.s.traceback_count += 1
             if len(self.s.tracebacks) < MAX_RECORDS:
                 self.s.tracebacks.append(Traceback(self.file, line, self.rank, m.group(1), (m.group(2) or "").strip(),
-                                                   msg, list(self.frames)))
+                                                   msg, list(self.frames), list(self.source), self._headless()))
             return False
         if stripped.startswith(("During handling", "The above exception")):
             return True
         return False
+
+    def finish(self):
+        # the traceback ended without an exception line: the log was cut, or the process died
+        if self.done or not self.frames:
+            return
+        self.done = True
+        self.s.traceback_count += 1
+        if len(self.s.tracebacks) < MAX_RECORDS:
+            self.s.tracebacks.append(Traceback(self.file, self.last, self.rank, None, "", self.frames[-1],
+                                               list(self.frames), list(self.source), self._headless()))
+
+    def _headless(self) -> Optional[tuple]:
+        return None
+
+
+class FrameBlock(TracebackBlock):
+    """A traceback whose header the paste lost: it starts at a frame line that no traceback
+    reader has taken."""
+
+    def _headless(self) -> Optional[tuple]:
+        return (self.key, self.start_line)
+
+    @staticmethod
+    def wanted(structure, file, line, first):
+        _, msg = split_prefix(first)
+        if not msg.lstrip().startswith('File "'):
+            return False
+        return structure.tb_until.get((file, prefix_key(first)), 0) < line
 
 
 class TorchrunBlock(Block):
@@ -554,6 +623,7 @@ class BridgeSummaryBlock(Block):
 BLOCKS = {
     "@timers": TimerBlock,
     "@traceback": TracebackBlock,
+    "@frame": FrameBlock,
     "@torchrun": TorchrunBlock,
     "@mlm_args": ArgsBlock,
     "@bridge_yaml": BridgeYamlBlock,
@@ -591,6 +661,14 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         m = _EXC_LINE.match(msg.strip())
         if m and not m.group(1).endswith("Warning") and len(s.exceptions) < MAX_RECORDS:
             s.exceptions.append((file, line, rank, m.group(1), (m.group(2) or "").strip(), text))
+    elif key == "@overflow":
+        s.count("overflow_steps")
+        m = _NEW_SCALE.search(text)
+        if m:
+            scale = _num(m.group(1))
+            if scale is not None and ("loss_scale_min" not in s.peaks or scale < -s.peaks["loss_scale_min"]):
+                s.peaks["loss_scale_min"] = -scale  # peaks keep the largest: the smallest scale, negated
+                s.note("loss_scale_min", file, line, text, replace=True)
     elif key == "@step_time":
         m = _STEP_TIME.search(text)
         if m and len(s.step_times) < MAX_SERIES:

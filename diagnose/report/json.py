@@ -59,6 +59,8 @@ def report_dict(r: Report) -> dict:
                            "ranks": len([k for k in f.ranks if k is not None])} for f in rc.set_aside],
             "references": list(s.references),
             "refines": rc.refines.signature.id if rc.refines is not None else None,
+            "basis": rc.basis,
+            "straggler": rc.straggler,
         }
     st = r.structure
     structure = {}

@@ -15,6 +15,31 @@ from .base import Formatter
 _SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
+# what each evidence layer means to a reader (analyze/layers.py)
+BASIS_TEXT = {
+    "anchor": "the known message, on a line cut at the end of the log or wrapped over two lines",
+    "exception": "read from the exception's type and message (no exact signature for this wording)",
+    "traceback": "read from the traceback's frames (the exception line is missing or unknown)",
+    "wrapper": "reported by the launcher or native code (Ray, MPI, a signal, an assertion)",
+    "symptom": "a symptom in the run's metrics, not an error line",
+    "cascade": "only consequences were found (the first failure is not in this log)",
+    "failure": "the job failed, and the log does not say why",
+}
+
+
+def ranges(ranks: list) -> str:
+    """0,1,2,3,5 -> "0-3,5"."""
+    out, start, prev = [], None, None
+    for r in sorted(ranks) + [None]:
+        if r is not None and prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return ",".join(out)
+
+
 def _ranks(f) -> str:
     known = sorted(r for r in f.ranks if r is not None)
     if not known:
@@ -40,7 +65,13 @@ def render_root(console: Console, r: Report):
     body.add_column()
     body.add_row("Signature", f"{s.id} {escape(s.slug)}  [dim]({s.category}, {s.severity}, {rc.confidence})[/]"
                  + (f"  [dim]refines {rc.refines.signature.id}[/]" if rc.refines is not None else ""))
+    if rc.basis != "signature":
+        body.add_row("Basis", escape(BASIS_TEXT.get(rc.basis, rc.basis)))
     body.add_row("Where", f"{escape(where)}  rank {rank}" + (f" [dim](from {rc.rank_source})[/]" if rc.rank_source and rc.rank_source != 'log line' else ""))
+    if rc.straggler:
+        st = rc.straggler
+        body.add_row("Ranks", escape(f"{len(st['reporting'])} of {st['world_size']} report the timeout ("
+                                     f"{ranges(st['reporting'])}); not reporting: {ranges(st['not_reporting'])}"))
     body.add_row("Evidence", Text(rc.hit.text[:600], style="italic"))
     body.add_row("Cause", escape(s.cause))
     if rc.because:

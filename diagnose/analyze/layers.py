@@ -1,0 +1,170 @@
+"""The evidence layers under the exact signatures: what a failure is when no signature knows it.
+
+The exact signatures (signatures/*.yaml) name a failure by its wording. Real logs often carry a
+known kind of failure in new words, or lose the line that says it. The layers, tried in order
+only where the exact signatures found no root cause (analyze/root_cause.py):
+
+  signature   an exact signature's anchor and regex matched (the database)
+  anchor      the anchor is there but the line was cut at the end of the paste, or wrapped
+              over two lines (scan.py retries the regex on the joined line; a cut last line
+              counts when the regex matches it partially, i.e. up to its end)
+  exception   an exception no signature knows, read by its type and message keywords
+              (``by_exception`` in signatures/layers/exceptions.yaml)
+  traceback   the frames and source lines of a traceback whose exception line is missing or
+              unknown (``by_traceback`` in the same file)
+  wrapper     a launcher or native failure line (Ray, Open MPI, a C++ assertion, a signal):
+              signatures tagged ``wrapper``
+  symptom     a metric over the log's structure (metric signatures)
+  cascade     only consequences were found (NCCL watchdogs ...): the earliest is named
+  failure     the job failed (a non-zero exit, a failed worker) and nothing says why
+
+Each row of the tables names a ``scope: layer`` signature (signatures/generic.yaml) that gives
+the category, cause and fix. The tables are data: a row is added where a class of failure is
+missing, never code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import regex
+import yaml
+
+BASES = ("signature", "anchor", "exception", "traceback", "wrapper", "symptom", "cascade", "failure")
+_ROW_FIELDS = {"id", "signature", "types", "message", "frames", "source", "innermost"}
+_TIMEOUT = 0.25
+_NAME = regex.compile(r"[A-Za-z_]\w*")
+
+
+class LayerError(Exception):
+    """A layer table is invalid. The message names the file and the row."""
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    signature: str
+    types: frozenset = frozenset()
+    message: Optional["regex.Pattern"] = None
+    frames: Optional["regex.Pattern"] = None
+    source: Optional["regex.Pattern"] = None
+    innermost: Optional[int] = None
+
+    @property
+    def basis(self) -> str:
+        return "traceback" if (self.frames or self.source) else "exception"
+
+    def holds(self, etype: Optional[str], message: str, frames: list, source: list) -> bool:
+        # every class name the type names: ray.exceptions.RayTaskError(OutOfMemoryError) is both
+        if self.types and not self.types.intersection(_NAME.findall(etype or "")):
+            return False
+        try:
+            if self.message is not None and not self.message.search(message or "", timeout=_TIMEOUT):
+                return False
+            n = self.innermost
+            if self.frames is not None:
+                fr = frames[-n:] if n else frames
+                if not any(self.frames.search(f, timeout=_TIMEOUT) for f in fr):
+                    return False
+            if self.source is not None:
+                src = source[-n:] if n else source
+                if not any(s and self.source.search(s, timeout=_TIMEOUT) for s in src):
+                    return False
+        except TimeoutError:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Tables:
+    by_exception: tuple
+    by_traceback: tuple
+
+    def rows(self):
+        return self.by_exception + self.by_traceback
+
+
+def _row(raw, fname: str, section: str) -> Row:
+    if not isinstance(raw, dict):
+        raise LayerError(f"{fname}: {section}: a row must be a mapping")
+    rid = raw.get("id", "?")
+    unknown = set(raw) - _ROW_FIELDS
+    if unknown:
+        raise LayerError(f"{fname}: {rid}: unknown field(s) {sorted(unknown)}")
+    if not isinstance(raw.get("id"), str) or not isinstance(raw.get("signature"), str):
+        raise LayerError(f"{fname}: {rid}: 'id' and 'signature' are required strings")
+    pats = {}
+    for key in ("message", "frames", "source"):
+        if key in raw:
+            try:
+                pats[key] = regex.compile(raw[key], regex.IGNORECASE if key == "message" else 0)
+            except (regex.error, TypeError) as exc:
+                raise LayerError(f"{fname}: {rid}: {key} does not compile: {exc}") from None
+    types = raw.get("types") or []
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise LayerError(f"{fname}: {rid}: 'types' must be a list of class names")
+    if section == "by_exception" and ("frames" in pats or "source" in pats):
+        raise LayerError(f"{fname}: {rid}: by_exception rows read the type and message only")
+    if section == "by_traceback" and not ("frames" in pats or "source" in pats):
+        raise LayerError(f"{fname}: {rid}: a by_traceback row needs 'frames' or 'source'")
+    if not (types or pats):
+        raise LayerError(f"{fname}: {rid}: a row needs 'types', 'message', 'frames' or 'source'")
+    inner = raw.get("innermost")
+    if inner is not None and (not isinstance(inner, int) or inner < 1):
+        raise LayerError(f"{fname}: {rid}: 'innermost' must be a positive integer")
+    return Row(raw["id"], raw["signature"], frozenset(types), pats.get("message"), pats.get("frames"),
+               pats.get("source"), inner)
+
+
+def load_tables(db_root: str) -> Tables:
+    """The tables in ``<database>/layers/*.yaml`` (none: empty tables)."""
+    return _load(str(db_root))
+
+
+@lru_cache(maxsize=8)
+def _load(db_root: str) -> Tables:
+    exc, tb = [], []
+    seen = set()
+    for path in sorted(Path(db_root, "layers").glob("*.yaml")):
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise LayerError(f"{path.name}: invalid YAML: {e}") from None
+        if not isinstance(doc, dict) or doc.get("schema_version") != 1:
+            raise LayerError(f"{path.name}: expected a mapping with schema_version: 1")
+        extra = set(doc) - {"schema_version", "by_exception", "by_traceback"}
+        if extra:
+            raise LayerError(f"{path.name}: unknown section(s) {sorted(extra)}")
+        for section, out in (("by_exception", exc), ("by_traceback", tb)):
+            for raw in doc.get(section) or []:
+                row = _row(raw, path.name, section)
+                if row.id in seen:
+                    raise LayerError(f"{path.name}: {row.id}: duplicate row id")
+                seen.add(row.id)
+                out.append(row)
+    return Tables(tuple(exc), tuple(tb))
+
+
+def check_against(tables: Tables, db) -> None:
+    """Every row must name a ``scope: layer`` signature of the database."""
+    for row in tables.rows():
+        sig = db.get(row.signature)
+        if sig is None or sig.scope != "layer":
+            raise LayerError(f"layers: {row.id}: {row.signature!r} is not a scope: layer signature")
+
+
+def classify(tables: Tables, etype: Optional[str], message: str, frames: list, source: list,
+             only: Optional[set] = None) -> Optional[Row]:
+    """The first row that holds: the exception's type and message first, then its traceback.
+    ``only``: signature ids the answer may name (a KeyboardInterrupt is read for a hang only)."""
+    if etype:
+        for row in tables.by_exception:
+            if (only is None or row.signature in only) and row.holds(etype, message, frames, source):
+                return row
+    if frames:
+        for row in tables.by_traceback:
+            if (only is None or row.signature in only) and row.holds(etype, message, frames, source):
+                return row
+    return None

@@ -1,0 +1,166 @@
+"""The real-log corpus (fixtures/corpus): its integrity, the accuracy floors of both parts, and one
+test per evidence layer built from the corpus's own real logs.
+
+The corpus is split by source repository (bench/eval_real_logs.py ``part_of``): rules are written
+from the dev part only; the test part is only scored. The floors below are the measured numbers
+(bench/README.md) minus nothing: a change that loses a log fails here.
+"""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnose.diagnosis import diagnose_paths
+from diagnose.model import CATEGORIES
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "fixtures" / "corpus"
+RESERVED = REPO.parent / "shared" / "eval" / "reserved-sources.txt"
+
+
+def _eval_module():
+    spec = importlib.util.spec_from_file_location("eval_real_logs", REPO / "bench" / "eval_real_logs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+EVAL = _eval_module()
+
+
+def _labels():
+    for folder in EVAL.labelled_folders(CORPUS):
+        for lab in json.loads((folder / "labels.json").read_text(encoding="utf-8")):
+            yield folder, lab
+
+
+def _norm(url: str) -> str:
+    return url.strip().rstrip("/").split("#")[0].lower()
+
+
+def test_corpus_labels_are_complete_and_the_evidence_is_in_the_log():
+    labels = list(_labels())
+    assert len(labels) >= 150
+    sources = [_norm(lab["source"]) for _, lab in labels]
+    assert len(sources) == len(set(sources)), "one log per thread"
+    for folder, lab in labels:
+        assert lab["root_cause"] in CATEGORIES + ("healthy",), lab
+        assert lab["source"].startswith("https://github.com/"), lab
+        text = (folder / lab["file"]).read_text(encoding="utf-8", errors="replace")
+        assert lab["root_cause_evidence"].strip() in text, (folder.name, lab["file"])
+    logs = {p.relative_to(CORPUS).as_posix() for p in CORPUS.glob("*/*.log")}
+    assert logs == {f"{folder.name}/{lab['file']}" for folder, lab in labels}, "every log labelled, every label a log"
+
+
+@pytest.mark.skipif(not RESERVED.is_file(), reason="../shared/eval is not beside the repo")
+def test_no_reserved_thread_in_the_corpus():
+    reserved = {_norm(u) for u in RESERVED.read_text().splitlines() if u.strip() and not u.startswith("#")}
+    used = {_norm(lab["source"]) for _, lab in _labels()}
+    assert not reserved & used
+
+
+def test_both_parts_are_split_by_repository():
+    parts = {}
+    for _, lab in _labels():
+        repo = EVAL.repo_of(lab).lower()
+        parts.setdefault(repo, set()).add(EVAL.part_of(repo))
+    assert all(len(p) == 1 for p in parts.values())
+    counts = {p: sum(1 for _, lab in _labels() if EVAL.part_of(EVAL.repo_of(lab)) == p) for p in ("dev", "test")}
+    assert counts["test"] >= 50 and counts["dev"] >= 80, counts
+
+
+# measured (bench/README.md "Generalization"); the issue's target is 0.90 on the test part
+FLOORS = {"dev": 0.62, "test": 0.59}
+
+
+@pytest.mark.parametrize("part", ["dev", "test"])
+def test_corpus_accuracy_floor_and_no_false_alarm(part):
+    res = EVAL.evaluate(CORPUS, part)
+    misses = [(r["slice"], r["file"], r["expected"], r["got"]) for r in res["rows"] if not r["correct"]]
+    assert res["healthy_flagged"] == 0, [m for m in misses if m[2] == "healthy"]
+    assert res["correct"] / res["total"] >= FLOORS[part], (res["correct"], res["total"])
+
+
+# one real log (dev part) per evidence layer: (file, category, basis)
+LAYER_CASES = [
+    # cut / wrapped line: the known message survives, the regex does not match the whole line
+    ("cn-stack/003_colossalai-import-nullcontext.log", "import_error", "anchor"),
+    # exception read by type + message keywords: any accelerator's OOM, a Ray-wrapped type
+    ("nemo-bridge/002_ppo-default-yaml-dtensor-oom.log", "cuda_oom", "exception"),
+    ("te-torch/025_flash-attn3-hopper-unsupported-head-size.log", "config_other", "exception"),
+    ("nemo-bridge/013_nemorl-dpo-microbatch-not-multiple.log", "config_divisibility", "exception"),
+    # traceback without its last line: the frames name the kind of failure
+    ("verl-rl/024_verl-megatron-qwen3-32b-hf-to-mcore-load.log", "checkpoint_error", "traceback"),
+    ("te-torch/002_te-pytorch-load-library-stopiteration.log", "import_error", "traceback"),
+    # failures outside Python: Ray's memory monitor, mpirun, Open MPI's banner, torchrun's agent
+    ("cn-stack/002_slime-ray-oom-ckpt-save.log", "host_oom", "wrapper"),
+    ("ds-misc/005_ompi-npb-rank-killed-signal9.log", "host_oom", "wrapper"),
+    ("ds-misc/028_torchpack-mpirun-orte-daemons.log", "other", "wrapper"),
+    ("ds-misc/004_accelerate-llama30b-load-exitcode-9.log", "host_oom", "wrapper"),
+    # no error line: the fp16 loss scale collapsing
+    ("megatron-lm/019_amp-o1-loss-scale-collapse.log", "loss_nan", "symptom"),
+]
+
+
+@pytest.mark.parametrize("rel,category,basis", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
+def test_each_layer_on_a_real_log(rel, category, basis):
+    repo = next(lab for folder, lab in _labels() if f"{folder.name}/{lab['file']}" == rel)
+    assert EVAL.part_of(EVAL.repo_of(repo)) == "dev", "layer tests come from the dev part"
+    rc = diagnose_paths([str(CORPUS / rel)], jobs=1).root_cause
+    assert rc is not None
+    assert (rc.finding.signature.category, rc.basis) == (category, basis), (rc.finding.signature.id, rc.hit.text)
+
+
+def _watchdog_line() -> str:
+    """A real NCCL watchdog line from the dev part of the corpus."""
+    text = (CORPUS / "te-torch" / "022_nccl-megatron-reduce-scatter-timeout-no-nccl-error.log").read_text()
+    return next(ln for ln in text.splitlines() if "Watchdog caught collective operation timeout" in ln)
+
+
+def test_a_watchdog_line_cut_at_the_end_of_the_paste_still_counts(tmp_path):
+    line = _watchdog_line()
+    cut = line[: line.index("Watchdog caught collective operation timeout") + 60]
+    log = tmp_path / "cut.log"
+    log.write_text(cut)
+    rc = diagnose_paths([str(log)], jobs=1).root_cause
+    assert rc is not None and rc.finding.signature.id == "MB-NCCL-001" and rc.basis == "anchor"
+    # the same cut line in the middle of a log is not a hit: only the paste's last line may be cut
+    log.write_text(cut + "\nmore lines after it\n")
+    rc = diagnose_paths([str(log)], jobs=1).root_cause
+    assert rc is None or rc.finding.signature.id != "MB-NCCL-001"
+
+
+def test_a_wrapped_watchdog_line_is_joined(tmp_path):
+    line = _watchdog_line()
+    k = line.index("milliseconds before timing out")
+    log = tmp_path / "wrapped.log"
+    log.write_text(line[:k] + "\n" + line[k:] + "\nnext\n")
+    rc = diagnose_paths([str(log)], jobs=1).root_cause
+    assert rc is not None and rc.finding.signature.id == "MB-NCCL-001" and rc.basis == "anchor"
+
+
+def test_the_straggler_is_the_rank_without_a_watchdog_timeout(tmp_path):
+    """Per-rank files: ranks 0-6 report the (real) watchdog line, rank 7's file has none."""
+    import re
+
+    line = _watchdog_line()
+    body = line[line.index("[E"):] if "[E" in line else line
+    for r in range(7):
+        (tmp_path / f"rank{r}.log").write_text(re.sub(r"\[Rank \d+\]", f"[Rank {r}]", body) + "\n")
+    (tmp_path / "rank7.log").write_text("still computing the forward pass\n")
+    rc = diagnose_paths([str(tmp_path)], jobs=1).root_cause
+    assert rc.straggler == {"reporting": list(range(7)), "not_reporting": [7], "world_size": 8, "rank": 7}
+    assert rc.hit.rank == 7 and rc.rank_source.startswith("straggler")
+    # two silent ranks: both named, none singled out
+    (tmp_path / "rank6.log").write_text("still computing\n")
+    rc = diagnose_paths([str(tmp_path)], jobs=1).root_cause
+    assert rc.straggler["not_reporting"] == [6, 7] and rc.straggler["rank"] is None
+
+
+def test_the_innermost_explicit_rank_wins():
+    from diagnose.logs.lines import split_prefix
+
+    assert split_prefix("(worker1, rank=1, pid=4242, ip=10.0.0.2) [rank13]: RuntimeError: x")[0] == 13
+    assert split_prefix("(worker1, rank=1, pid=4242, ip=10.0.0.2) RuntimeError: x")[0] == 1
+    assert split_prefix("2026-01-09 17:40:31.169213 master-0 >> [rank7]:   File \"a.py\"")[0] == 7
