@@ -191,6 +191,11 @@ def merge_structure(dst: S.Structure, src: S.Structure):
             a.extend(keep[:max(0, S.MAX_RECORDS - len(a))])
         elif name == "traceback_count":
             dst.traceback_count = a + b - dropped
+        elif name == "activity":  # the latest few, trimmed as structure.on_line trims them
+            for item in b:
+                a.append(item)
+                if len(a) > 2 * S.MAX_ACTIVITY:
+                    del a[:-S.MAX_ACTIVITY]
         elif name == "tb_until":
             for k, v in b.items():
                 a[k] = max(a.get(k, 0), v)

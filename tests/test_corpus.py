@@ -93,6 +93,8 @@ LAYER_CASES = [
     # traceback without its last line: the frames name the kind of failure
     ("verl-rl/024_verl-megatron-qwen3-32b-hf-to-mcore-load.log", "checkpoint_error", "traceback"),
     ("te-torch/002_te-pytorch-load-library-stopiteration.log", "import_error", "traceback"),
+    # what the job was doing: a traceback (cut) right after "saving checkpoint at iteration ..."
+    ("cn-stack/018_swift-qwen3vl-save-ckpt-torch-dist.log", "checkpoint_error", "context"),
     # failures outside Python: Ray's memory monitor, mpirun, Open MPI's banner, torchrun's agent
     ("cn-stack/002_slime-ray-oom-ckpt-save.log", "host_oom", "wrapper"),
     ("ds-misc/005_ompi-npb-rank-killed-signal9.log", "host_oom", "wrapper"),

@@ -12,6 +12,8 @@ only where the exact signatures found no root cause (analyze/root_cause.py):
               (``by_exception`` in signatures/layers/exceptions.yaml)
   traceback   the frames and source lines of a traceback whose exception line is missing or
               unknown (``by_traceback`` in the same file)
+  context     what the job was doing just before such a traceback (``by_context``: a
+              "saving checkpoint" line a few lines above it)
   wrapper     a launcher or native failure line (Ray, Open MPI, a C++ assertion, a signal):
               signatures tagged ``wrapper``
   symptom     a metric over the log's structure (metric signatures)
@@ -32,8 +34,8 @@ from typing import Optional
 import regex
 import yaml
 
-BASES = ("signature", "anchor", "exception", "traceback", "wrapper", "symptom", "cascade", "failure")
-_ROW_FIELDS = {"id", "signature", "types", "message", "frames", "source", "innermost"}
+BASES = ("signature", "anchor", "exception", "traceback", "context", "wrapper", "symptom", "cascade", "failure")
+_ROW_FIELDS = {"id", "signature", "types", "message", "frames", "source", "innermost", "before", "within"}
 _TIMEOUT = 0.25
 _NAME = regex.compile(r"[A-Za-z_]\w*")
 
@@ -51,9 +53,13 @@ class Row:
     frames: Optional["regex.Pattern"] = None
     source: Optional["regex.Pattern"] = None
     innermost: Optional[int] = None
+    before: Optional["regex.Pattern"] = None  # by_context: an activity line just before
+    within: int = 0  # by_context: at most this many lines before the traceback
 
     @property
     def basis(self) -> str:
+        if self.before is not None:
+            return "context"
         return "traceback" if (self.frames or self.source) else "exception"
 
     def holds(self, etype: Optional[str], message: str, frames: list, source: list) -> bool:
@@ -81,9 +87,10 @@ class Row:
 class Tables:
     by_exception: tuple
     by_traceback: tuple
+    by_context: tuple = ()
 
     def rows(self):
-        return self.by_exception + self.by_traceback
+        return self.by_exception + self.by_traceback + self.by_context
 
 
 def _row(raw, fname: str, section: str) -> Row:
@@ -96,7 +103,7 @@ def _row(raw, fname: str, section: str) -> Row:
     if not isinstance(raw.get("id"), str) or not isinstance(raw.get("signature"), str):
         raise LayerError(f"{fname}: {rid}: 'id' and 'signature' are required strings")
     pats = {}
-    for key in ("message", "frames", "source"):
+    for key in ("message", "frames", "source", "before"):
         if key in raw:
             try:
                 pats[key] = regex.compile(raw[key], regex.IGNORECASE if key == "message" else 0)
@@ -109,13 +116,18 @@ def _row(raw, fname: str, section: str) -> Row:
         raise LayerError(f"{fname}: {rid}: by_exception rows read the type and message only")
     if section == "by_traceback" and not ("frames" in pats or "source" in pats):
         raise LayerError(f"{fname}: {rid}: a by_traceback row needs 'frames' or 'source'")
+    if (section == "by_context") != ("before" in pats):
+        raise LayerError(f"{fname}: {rid}: 'before' (with 'within') is for by_context rows, and they need it")
+    within = raw.get("within", 0)
+    if "before" in pats and (not isinstance(within, int) or within < 1):
+        raise LayerError(f"{fname}: {rid}: 'within' must be a positive number of lines")
     if not (types or pats):
         raise LayerError(f"{fname}: {rid}: a row needs 'types', 'message', 'frames' or 'source'")
     inner = raw.get("innermost")
     if inner is not None and (not isinstance(inner, int) or inner < 1):
         raise LayerError(f"{fname}: {rid}: 'innermost' must be a positive integer")
     return Row(raw["id"], raw["signature"], frozenset(types), pats.get("message"), pats.get("frames"),
-               pats.get("source"), inner)
+               pats.get("source"), inner, pats.get("before"), within if "before" in pats else 0)
 
 
 def load_tables(db_root: str) -> Tables:
@@ -125,7 +137,7 @@ def load_tables(db_root: str) -> Tables:
 
 @lru_cache(maxsize=8)
 def _load(db_root: str) -> Tables:
-    exc, tb = [], []
+    exc, tb, ctx = [], [], []
     seen = set()
     for path in sorted(Path(db_root, "layers").glob("*.yaml")):
         try:
@@ -134,17 +146,17 @@ def _load(db_root: str) -> Tables:
             raise LayerError(f"{path.name}: invalid YAML: {e}") from None
         if not isinstance(doc, dict) or doc.get("schema_version") != 1:
             raise LayerError(f"{path.name}: expected a mapping with schema_version: 1")
-        extra = set(doc) - {"schema_version", "by_exception", "by_traceback"}
+        extra = set(doc) - {"schema_version", "by_exception", "by_traceback", "by_context"}
         if extra:
             raise LayerError(f"{path.name}: unknown section(s) {sorted(extra)}")
-        for section, out in (("by_exception", exc), ("by_traceback", tb)):
+        for section, out in (("by_exception", exc), ("by_traceback", tb), ("by_context", ctx)):
             for raw in doc.get(section) or []:
                 row = _row(raw, path.name, section)
                 if row.id in seen:
                     raise LayerError(f"{path.name}: {row.id}: duplicate row id")
                 seen.add(row.id)
                 out.append(row)
-    return Tables(tuple(exc), tuple(tb))
+    return Tables(tuple(exc), tuple(tb), tuple(ctx))
 
 
 def check_against(tables: Tables, db) -> None:
@@ -168,3 +180,18 @@ def classify(tables: Tables, etype: Optional[str], message: str, frames: list, s
             if (only is None or row.signature in only) and row.holds(etype, message, frames, source):
                 return row
     return None
+
+
+def classify_context(tables: Tables, file: str, start: int, activity: list) -> Optional[Row]:
+    """A by_context row whose activity line is in ``file`` at most ``within`` lines before
+    ``start`` (the first line of the failure): the job failed while doing that."""
+    for row in tables.by_context:
+        for afile, aline, text in reversed(activity):
+            if afile == file and 0 < start - aline <= row.within:
+                try:
+                    if row.before.search(text, timeout=_TIMEOUT):
+                        return row
+                except TimeoutError:
+                    continue
+    return None
+

@@ -83,11 +83,11 @@ def add_unexplained_exceptions(db: Database, findings: Findings, structure, cove
     generic = db.get(GENERIC_EXCEPTION_ID)
     covered = set(covered)  # the signatures' lines, not the ones added here
     n = 0
-    recs = [(tb.file, tb.line, tb.rank, tb.exc_type, tb.message, tb.text, tb.frames, tb.source)
+    recs = [(tb.file, tb.line, tb.rank, tb.exc_type, tb.message, tb.text, tb.frames, tb.source, tb.start or tb.line)
             for tb in structure.tracebacks]
-    recs += [(*e, [], []) for e in structure.exceptions]
+    recs += [(*e, [], [], e[1]) for e in structure.exceptions]
     seen = set()
-    for file, line, rank, etype, message, text, frames, source in recs:
+    for file, line, rank, etype, message, text, frames, source, start in recs:
         if (file, line) in seen or any((file, line + d) in covered for d in (-2, -1, 0, 1, 2)):
             continue
         seen.add((file, line))
@@ -98,7 +98,8 @@ def add_unexplained_exceptions(db: Database, findings: Findings, structure, cove
             if row is None:
                 continue
         else:
-            row = layers.classify(tables, etype, message, frames, source)
+            row = layers.classify(tables, etype, message, frames, source) or \
+                layers.classify_context(tables, file, start, structure.activity)
         n += 1
         sig = db.get(row.signature) if row is not None else generic
         if sig is None:

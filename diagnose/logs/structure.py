@@ -19,6 +19,7 @@ from .lines import clean, prefix_key, split_prefix, timestamp
 
 MAX_SERIES = 50_000  # iteration points kept (then decimated by 2): ~1.2 KB each, so <= 60 MB
 MAX_RECORDS = 200  # tracebacks, exceptions, memory reports kept
+MAX_ACTIVITY = 64  # activity lines kept (the latest)
 
 # structure key -> anchors. Keys start with "@" so they never collide with signature ids.
 ANCHORS: dict[str, tuple[str, ...]] = {
@@ -34,6 +35,12 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@bridge_yaml": ("Final configuration:",),
     "@bridge_summary": ("Configuration Summary (Non-Default Values",),
     "@step_time": ("Step Time : ",),
+    # what the job was doing: a failure right after one of these lines happened while doing it
+    # (analyze/layers.py by_context): checkpoint and weight I/O in progress
+    "@activity": ("saving checkpoint", "Saving checkpoint", "Saving latest checkpoint", "saving model to",
+                  "loading checkpoint", "Loading checkpoint", "loading distributed checkpoint",
+                  "Loading distributed checkpoint", "load checkpoint from", "Loading weights",
+                  "loading weights", "Loading model weights", "Converting checkpoint", "converting checkpoint"),
     # fp16 dynamic loss scaling skipped a step (apex amp, fairseq, DeepSpeed, Megatron's scaler)
     "@overflow": ("Gradient overflow.", "overflow detected, setting loss scale to", "OVERFLOW! Rank",
                   "reducing loss scale to"),
@@ -124,6 +131,7 @@ class Traceback:
     frames: list = field(default_factory=list)  # "File ..., line N, in func" lines, outermost first
     source: list = field(default_factory=list)  # the source lines under the frames (same order)
     headless: Optional[tuple] = None  # (prefix key, first line) of one that began at a frame line
+    start: int = 0  # the line it starts at (its header, or its first frame)
 
 
 @dataclass
@@ -164,6 +172,7 @@ class Structure:
     # (file, prefix key) -> the last line a traceback reader took: a frame line up to there is
     # inside a traceback already; after it, a frame line starts a headless one
     tb_until: dict = field(default_factory=dict)
+    activity: list = field(default_factory=list)  # (file, line, text) of @activity lines, the last few
     # over every line read, stored in the bounded lists above or not (scan.py's sampling, the
     # decimation of ``iterations``): counts (summed across files) and largest values
     tally: dict = field(default_factory=dict)  # iterations, loss_missing, loss_nan, grad_norm_nan, memory
@@ -423,7 +432,8 @@ class TracebackBlock(Block):
             self.s.traceback_count += 1
             if len(self.s.tracebacks) < MAX_RECORDS:
                 self.s.tracebacks.append(Traceback(self.file, line, self.rank, m.group(1), (m.group(2) or "").strip(),
-                                                   msg, list(self.frames), list(self.source), self._headless()))
+                                                   msg, list(self.frames), list(self.source), self._headless(),
+                                                   self.start_line))
             return False
         if stripped.startswith(("During handling", "The above exception")):
             return True
@@ -437,7 +447,8 @@ class TracebackBlock(Block):
         self.s.traceback_count += 1
         if len(self.s.tracebacks) < MAX_RECORDS:
             self.s.tracebacks.append(Traceback(self.file, self.last, self.rank, None, "", self.frames[-1],
-                                               list(self.frames), list(self.source), self._headless()))
+                                               list(self.frames), list(self.source), self._headless(),
+                                               self.start_line))
 
     def _headless(self) -> Optional[tuple]:
         return None
@@ -661,6 +672,10 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         m = _EXC_LINE.match(msg.strip())
         if m and not m.group(1).endswith("Warning") and len(s.exceptions) < MAX_RECORDS:
             s.exceptions.append((file, line, rank, m.group(1), (m.group(2) or "").strip(), text))
+    elif key == "@activity":
+        s.activity.append((file, line, text[:300]))
+        if len(s.activity) > 2 * MAX_ACTIVITY:
+            del s.activity[:-MAX_ACTIVITY]
     elif key == "@overflow":
         s.count("overflow_steps")
         m = _NEW_SCALE.search(text)

@@ -20,6 +20,7 @@ BASIS_TEXT = {
     "anchor": "the known message, on a line cut at the end of the log or wrapped over two lines",
     "exception": "read from the exception's type and message (no exact signature for this wording)",
     "traceback": "read from the traceback's frames (the exception line is missing or unknown)",
+    "context": "what the job was doing when it failed (the line just before the traceback)",
     "wrapper": "reported by the launcher or native code (Ray, MPI, a signal, an assertion)",
     "symptom": "a symptom in the run's metrics, not an error line",
     "cascade": "only consequences were found (the first failure is not in this log)",
