@@ -449,6 +449,40 @@ def check_speed(base: Side, run: Side, off: Offload, tolerance: float) -> Criter
     return Criterion("speed", title, PASS if factor <= limit else FAIL, detail, measured=factor, expected=exp)
 
 
+def slowdown_against(base: Side, run: Side, base_label: str) -> Optional[dict]:
+    """The run against a good run of the same job: the slowdown of the steady-state medians,
+    the iteration from which the run stays slower, and which timed components grew. Returns the
+    metrics (``slowdown``, ``slowdown_since``) and the evidence (file, line, text), or None."""
+    from .analyze.symptoms import component_times
+
+    if not base.iter_ms or not run.iter_ms or base.iter_ms <= 0:
+        return None
+    factor = run.iter_ms / base.iter_ms
+    slow = base.iter_ms * (1 + (factor - 1) / 2) if factor > 1 else None
+    its = [i for i in sorted(run.points)[1:] if run.points[i][1] is not None and math.isfinite(run.points[i][1])]
+    since = None
+    if slow is not None:
+        for k, i in enumerate(its):
+            rest = [run.points[j][1] for j in its[k:]]
+            if run.points[i][1] >= slow and median(rest) >= slow:
+                since = i
+                break
+    deltas = []
+    a, b = component_times(base.report.structure), component_times(run.report.structure)
+    for comp in b:
+        if comp in a and abs(b[comp] - a[comp]) >= 0.05 * base.iter_ms:
+            deltas.append(f"{comp} {b[comp] - a[comp]:+.0f} ms ({a[comp]:.0f} -> {b[comp]:.0f})")
+    text = (f"{factor:.2f}x the iteration time of {base_label} ({base.iter_ms:.0f} -> {run.iter_ms:.0f} ms, "
+            f"steady-state medians)" + (f" since iteration {since}" if since is not None else "")
+            + ("; " + ", ".join(deltas) if deltas else ""))
+    pts = run.report.structure.iterations
+    at = next((p for p in pts if p.iteration == since), None) or (pts[-1] if pts else None)
+    out = {"slowdown": round(factor, 3)}
+    if since is not None:
+        out["slowdown_since"] = since
+    return {"metrics": out, "evidence": (at.file if at else "", at.line if at else 0, text)}
+
+
 # --------------------------------------------------------------------------- entry point
 
 def compare(baseline_path: str, run_path: str, db=None, config: Optional[RunConfig] = None,

@@ -377,6 +377,8 @@ def _tests(raw, scope) -> tuple[tuple, tuple]:
             scope == "config" and "config" in case
         ):
             raise DatabaseError("a test case mapping needs 'line' or 'log' (or 'config' for a config rule)")
+        if isinstance(case, dict) and set(case) - {"line", "log", "config", "baseline_ms"}:
+            raise DatabaseError("a test case mapping takes only line|log, config and baseline_ms")
     return tuple(match), tuple(no_match)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
 
+from .analyze import expected
 from .analyze import root_cause as RC
 from .analyze import symptoms
 from .config.runconfig import RunConfig, from_log_blocks
@@ -23,8 +24,10 @@ def scanner_for(db: Database, engine: Optional[str] = None, versions: Optional[d
 
 
 def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
-            baseline_ms: Optional[float] = None, inputs: Optional[list] = None) -> Report:
-    """Findings + structure (+ a config) -> Report with the one root cause."""
+            baseline_ms: Optional[float] = None, inputs: Optional[list] = None,
+            baseline_run: Optional[Report] = None) -> Report:
+    """Findings + structure (+ a config) -> Report with the one root cause. ``baseline_run``: a
+    good run of the same job, diagnosed: slowdowns are measured against it."""
     logged = from_log_blocks(res.structure.config_blocks)
     cfg = logged.merge(config) if (logged and config) else (config or logged)
     if cfg is not None:
@@ -32,6 +35,22 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
     else:
         where = ("", 0)
     metrics = symptoms.compute(res.structure, baseline_ms)
+    if baseline_run is not None:
+        from .compare import side_from_report, slowdown_against
+
+        here = Report(inputs=[], root_cause=None, findings=[], config=cfg, config_source=None, structure=res.structure)
+        got = slowdown_against(side_from_report("baseline", baseline_run.inputs, baseline_run),
+                               side_from_report("run", [], here), ", ".join(baseline_run.inputs) or "the baseline")
+        if got is not None:
+            metrics.update(got["metrics"])
+            res.structure.note("baseline", *got["evidence"], replace=True)
+    if cfg is not None and cfg.get("optimizer.optimizer_cpu_offload") is True and "cpu_optimizer" in metrics:
+        metrics["cpu_optimizer"] = 1
+    timers = res.structure.evidence.get("timer_attribution", ("", 0, ""))[2]
+    cost = expected.offload_cost(cfg, metrics, _world(cfg, res), timers) if cfg is not None else None
+    if cost is not None:
+        res.structure.note("offload_cost", where[0], where[1], cost.pop("_text"), replace=True)
+        metrics.update(cost)
     metrics["unexplained_exceptions"] = RC.add_unexplained_exceptions(db, res.findings, res.structure,
                                                                       res.findings.lines)
     RC.add_symptoms(db, res.findings, res.structure, cfg, metrics, where)
@@ -48,6 +67,19 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
     report.metrics = metrics  # type: ignore[attr-defined]
     report.engine = res.engine  # type: ignore[attr-defined]
     return report
+
+
+def _world(cfg: RunConfig, res: ScanResult) -> Optional[int]:
+    """The world size: the config's (MLM prints it), else the ranks the log shows, rounded up to
+    what the config's parallel layout allows."""
+    for key in ("world_size", "mlm.world_size"):
+        w = cfg.get(key)
+        if isinstance(w, int) and not isinstance(w, bool) and w > 0:
+            return w
+    from .remedy.causes import round_up_world
+
+    seen = _ranks_seen(res)
+    return round_up_world(max(seen) + 1 if seen else None, cfg)
 
 
 def _ranks_seen(res: ScanResult) -> set:
@@ -77,7 +109,7 @@ def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: 
                    engine: Optional[str] = None, versions: Optional[dict] = None,
                    baseline_ms: Optional[float] = None,
                    progress: Optional[Callable[[int], None]] = None, jobs: Optional[int] = None,
-                   sample: bool = True) -> Report:
+                   sample: bool = True, baseline_run: Optional[Report] = None) -> Report:
     """Scan ``paths`` and analyze. ``jobs``: processes for many files (None: all cores when several
     large files are given, 1: serial); the result is the serial scan's either way. ``sample=False``
     reads every iteration, memory and step-time line (``compare`` wants every point)."""
@@ -85,7 +117,7 @@ def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: 
 
     db = db or load()
     res = scan_parallel(scanner_for(db, engine, versions, sample), list(paths), jobs, progress=progress)
-    return analyze(db, res, config, baseline_ms)
+    return analyze(db, res, config, baseline_ms, baseline_run=baseline_run)
 
 
 def scan_text(text: str, db: Optional[Database] = None, name: str = "<text>",
@@ -106,10 +138,11 @@ def scan_text(text: str, db: Optional[Database] = None, name: str = "<text>",
 
 
 def diagnose_text(text: str, db: Optional[Database] = None, config: Optional[RunConfig] = None,
-                  name: str = "<text>", versions: Optional[dict] = None) -> Report:
+                  name: str = "<text>", versions: Optional[dict] = None,
+                  baseline_ms: Optional[float] = None) -> Report:
     """Diagnose a log held in memory (signature tests, follow mode)."""
     db = db or load()
-    return analyze(db, scan_text(text, db, name, versions), config)
+    return analyze(db, scan_text(text, db, name, versions), config, baseline_ms)
 
 
 def _computed_overrides(report: Report, root) -> None:

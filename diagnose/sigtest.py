@@ -29,7 +29,7 @@ def run_case(db: Database, sig: Signature, case, expect: bool) -> CaseResult:
         return CaseResult(sig, expect, case, got == expect, "" if got == expect else ("missed" if expect else "matched"))
     cfg = RunConfig(dict(case.get("config") or {}), "<test config>") if case.get("config") is not None else None
     text = case.get("log") or case.get("line") or ""
-    report = diagnose_text(text, db, cfg)
+    report = diagnose_text(text, db, cfg, baseline_ms=case.get("baseline_ms"))
     ids = {f.signature.id for f in report.findings}
     if report.root_cause is not None:
         ids.add(report.root_cause.finding.signature.id)

@@ -49,8 +49,9 @@ def add_symptoms(db: Database, findings: Findings, structure, cfg, metrics: dict
             continue  # the config contradicts it (e.g. slow, but no optimizer offload at all)
         ev = None
         for name in sorted(P.names(sig.metric)):
-            key = symptoms.EVIDENCE_FOR.get(name.split(".", 1)[-1])
-            if key and key in structure.evidence:
+            keys = symptoms.EVIDENCE_FOR.get(name.split(".", 1)[-1]) or ()
+            key = next((k for k in ((keys,) if isinstance(keys, str) else keys) if k in structure.evidence), None)
+            if key:
                 ev = structure.evidence[key]
                 break
         if ev is None:

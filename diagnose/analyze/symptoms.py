@@ -7,17 +7,28 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   iter_ms_first          median of the first iterations after the first (warm-up) one
   iter_ms_last           median of the last three iterations
   iter_time_growth       iter_ms_last / iter_ms_first
-  slowdown               iter_ms_median / the baseline run's median (``--baseline-log``)
+  slowdown               iter_ms_median / the baseline's (``--baseline-ms``), or the steady-state
+                         median / a good run's (``--baseline-run LOG``: compare.slowdown_against,
+                         which also gives slowdown_since, the iteration the run stays slower from)
   loss_missing_iters     iteration lines without any loss field (Megatron drops a NaN loss)
   loss_nan_iters         iteration lines whose loss is nan/inf
   grad_norm_nan_iters    iteration lines whose grad norm is nan/inf
   nan_iters_reported     the largest "number of nan iterations"
-  optimizer_share        optimizer / (forward-backward + optimizer) from the last timer block
+  optimizer_share        optimizer / (forward-backward + optimizer) from the last timers, in any
+                         format (MLM/Bridge blocks, DeepSpeed / older Megatron "time (ms) |" lines)
+  timer_spread           the slowest rank's forward-backward over the fastest's (MLM (min, max))
+  cpu_optimizer          1 where the log shows a CPU optimizer (DeepSpeed CPU Adam, ZeRO-Offload)
+  iter_time_step         the largest step change in iteration time (median after / before, past
+                         the warm-up, 3+ iterations each side); iter_time_step_at: where
   mem_max_allocated_gb   largest (max) allocated memory reported, GB = 1e9 bytes
   alloc_retries_growth   growth of Bridge's mem-alloc-retires over the run
   unexplained_exceptions Python exceptions that no signature recognised
   overflow_steps         fp16 steps skipped for a gradient overflow (apex, fairseq, DeepSpeed)
   loss_scale_min         the smallest loss scale those lines set
+  offload_fraction       the config's optimizer-offload fraction, where offload is on and more
+                         is offloaded than fits needs (analyze/expected.py); offload_fraction_fits:
+                         the lowest that fits; offload_factor / offload_factor_fits: their
+                         iteration-time factors; offload_saving: the share of an iteration saved
 """
 from __future__ import annotations
 
@@ -56,11 +67,9 @@ def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
         m["iter_ms_median"] = median(s.step_times)
         if baseline_ms:
             m["slowdown"] = m["iter_ms_median"] / baseline_ms
-    tm = s.timers
-    opt = tm.get("optimizer")
-    fb = tm.get("forward-backward")
-    if opt and fb and (opt[1] + fb[1]) > 0:
-        m["optimizer_share"] = opt[1] / (opt[1] + fb[1])
+    m.update(timer_shares(s))
+    if pts:
+        m.update(change_point(pts, s))
     if t.get("overflow_steps"):
         m["overflow_steps"] = t["overflow_steps"]
         if peaks.get("loss_scale_min") is not None:
@@ -73,19 +82,106 @@ def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
     return m
 
 
+# The timers of every format we parse, by the part of the iteration they measure (the max
+# across ranks where a format gives min and max). Sub-timers (backward_inner, allreduce inside
+# backward) are not listed: they are already inside their parent.
+COMPONENTS = {
+    "optimizer step": ("optimizer", "step", "optimizer_step", "step_microstep", "optimizer-step"),
+    "forward-backward": ("forward-backward",),
+    "forward": ("forward", "fwd", "forward_microstep", "fwd_microstep", "forward-compute"),
+    "backward": ("backward", "bwd", "backward_microstep", "bwd_microstep", "backward-compute"),
+}
+
+
+def component_times(s: Structure) -> dict:
+    """{component: ms} of the last timers (the slowest rank's where a format gives both)."""
+    out = {}
+    for comp, names in COMPONENTS.items():
+        v = next((s.timers[n] for n in names if n in s.timers), None)
+        if v is not None:
+            out[comp] = v[1]
+    return out
+
+
+def timer_shares(s: Structure) -> dict:
+    """optimizer_share (optimizer / (forward + backward + optimizer)), timer_spread (the slowest
+    rank's forward-backward over the fastest's, where a format gives both) and cpu_optimizer
+    (the log shows a CPU optimizer); the attribution line is noted as evidence."""
+    tm = s.timers
+    out: dict = {}
+    if not tm:
+        return out
+    got = {}
+    for comp, names in COMPONENTS.items():
+        v = next((tm[n] for n in names if n in tm), None)
+        if v is not None:
+            got[comp] = v
+    opt = got.get("optimizer step")
+    fb = got.get("forward-backward")
+    if fb is None and ("forward" in got or "backward" in got):
+        f, b = got.get("forward", (0.0, 0.0)), got.get("backward", (0.0, 0.0))
+        fb = (f[0] + b[0], f[1] + b[1])
+    out["cpu_optimizer"] = 1 if s.tally.get("cpu_optimizer") else 0
+    if opt and fb and (opt[1] + fb[1]) > 0:
+        out["optimizer_share"] = opt[1] / (opt[1] + fb[1])
+        parts = {k: v[1] for k, v in got.items() if k != "forward-backward" or "forward" not in got}
+        total = opt[1] + fb[1]
+        top = max(parts, key=parts.get)
+        file, line, _ = s.evidence.get("timers", ("", 0, ""))
+        s.note("timer_attribution", file, line, f"{top} {parts[top]:.1f} ms = {parts[top] / total:.0%} of the "
+               "timed iteration (" + ", ".join(f"{k} {v:.1f} ms" for k, v in parts.items() if k != top) + ")",
+               replace=True)
+    if fb and fb[0] > 0 and fb[1] > fb[0]:
+        out["timer_spread"] = fb[1] / fb[0]
+    return out
+
+
+WARMUP = 2  # iterations left out of the change point: compilation, allocator growth, first data
+
+
+def change_point(pts: list, s: Structure) -> dict:
+    """A step change in the iteration time: the split (3+ iterations on each side, after the
+    warm-up) whose medians differ most. A single slow iteration (checkpoint save, evaluation)
+    moves no median, so it is no step."""
+    series = [p for p in pts if p.elapsed_ms is not None and math.isfinite(p.elapsed_ms)][WARMUP:]
+    if len(series) < 6:
+        return {}
+    xs = [p.elapsed_ms for p in series]
+    best = None  # the split that fits two levels best: least absolute deviation from each median
+    for k in range(3, len(xs) - 2):
+        before, after = median(xs[:k]), median(xs[k:])
+        cost = sum(abs(x - before) for x in xs[:k]) + sum(abs(x - after) for x in xs[k:])
+        if before > 0 and (best is None or cost < best[0]):
+            best = (cost, k, before, after)
+    if best is None:
+        return {}
+    _, k, before, after = best
+    factor = after / before
+    p = series[k]
+    s.note("iter_time_step", p.file, p.line, f"from iteration {p.iteration}: median {after:.0f} ms per iteration, "
+           f"{factor:.1f}x the {before:.0f} ms before it (iterations {series[0].iteration}-{series[k - 1].iteration})",
+           replace=True)
+    return {"iter_time_step": round(factor, 3), "iter_time_step_at": p.iteration}
+
+
 # which evidence line (logs/structure.py Structure.evidence) stands for which metric
 EVIDENCE_FOR = {
     "loss_missing_iters": "loss_missing",
     "grad_norm_nan_iters": "grad_norm_nan",
     "loss_nan_iters": "loss_nan",
     "iter_time_growth": "slowest_iteration",
-    "slowdown": "slowest_iteration",
+    "slowdown": ("baseline", "slowest_iteration"),  # a key, or keys in order of preference
     "iter_ms_median": "slowest_iteration",
-    "optimizer_share": "timers",
+    "optimizer_share": "timer_attribution",
+    "timer_spread": "timers",
+    "iter_time_step": "iter_time_step",
+    "slowdown_since": "baseline",
     "nan_iters_reported": "loss_nan",
     "mem_max_allocated_gb": "memory",
     "alloc_retries_growth": "memory_retries",
     "unexplained_exceptions": "exception",
     "loss_scale_min": "loss_scale_min",
+    "offload_fraction_fits": "offload_cost",
+    "offload_fraction": "offload_cost",
     "overflow_steps": "loss_scale_min",
 }

@@ -33,6 +33,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--engine", type=click.Choice(["auto", "regex", "hyperscan"]), default="auto", show_default=True)
 @click.option("--mcore-version", help="Megatron-Core version of the job (default: the newest known).")
 @click.option("--baseline-ms", type=float, help="Baseline iteration time (ms) for slowdown symptoms.")
+@click.option("--baseline-run", "baseline_run", type=str, metavar="LOG",
+              help="The log of a good run of the same job: say how much slower this run is, since when, "
+                   "and which timed component grew (diagnose compare's reading of both logs).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Processes: one file each, and a file of 64 MB or more cut in pieces (default: every "
@@ -57,6 +60,7 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--gpu-memory", type=float, help="GPU memory in GB (1e9 bytes), instead of --gpu.")
 @click.option("--follow", is_flag=True, help="Follow LOG as it grows; diagnose lines as they arrive; stop at a fatal root cause.")
 def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline, engine, mcore_version, baseline_ms,
+         baseline_run,
          quiet, sig_path, fix_path, dry_run, overrides_mode, unsafe_fixes, relaunch, launcher_kind, launch_cmd,
          max_attempts, history_path, world_size, gpu, gpu_memory, follow, jobs):
     """Scan training logs and name the one root cause."""
@@ -94,8 +98,14 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
 
     show = not quiet and sys.stderr.isatty()  # the bar: only on a terminal, after a second
     with ScanProgress(total_size(paths) if show else None, enabled=show) as bar:
+        base = None
+        if baseline_run:
+            base = diagnose_paths([baseline_run], db, None, None if engine == "auto" else engine,
+                                  versions_option(mcore_version), sample=False)
+            if not base.inputs:
+                raise click.UsageError(f"--baseline-run {baseline_run}: nothing could be read")
         report = diagnose_paths(paths, db, cfg, None if engine == "auto" else engine, versions_option(mcore_version),
-                                baseline_ms, progress=bar, jobs=jobs)
+                                baseline_ms, progress=bar, jobs=jobs, baseline_run=base)
     if not report.inputs:
         for n in report.notes:
             click.echo(f"diagnose: {n}", err=True)

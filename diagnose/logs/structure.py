@@ -26,6 +26,11 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@iteration": ("elapsed time per iteration (ms):",),
     "@memory": (" memory (MB) | ", " memory (GB) | "),
     "@timers": ("time across ranks (ms):", "times across ranks (ms):"),
+    # one-line timer breakdowns: DeepSpeed's wall_clock_breakdown, older Megatron(-DeepSpeed)
+    # "time (ms) | forward-compute: ... | optimizer: ..."
+    "@timer_line": ("time (ms) | ",),
+    # the optimizer runs on the CPU: DeepSpeed's CPU Adam / ZeRO-Offload
+    "@cpu_optimizer": ("DeepSpeedCPUAdam", "Adam Optimizer #0 is created with", "cpu_adam", "ZeRO-Offload"),
     "@traceback": ("Traceback (most recent call last):",),
     # a frame line outside any traceback: a paste that starts inside a traceback (no header)
     "@frame": ('", line ',),
@@ -71,6 +76,7 @@ _SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
 _SUMMARY_FIELD = re.compile(r"^\s{2}(\w+): (.*?)(?:\s{2}\(Mcore default: .*\))?\s*$")
 _YAML_LINE = re.compile(r"^(\s*)(?:- |[\w.\-]+:(?:\s|$)|-$)")
 _STEP_TIME = re.compile(r"Step Time : ([\d.]+)s")
+_TIMER_FIELD = re.compile(r"\|\s*([A-Za-z][\w\-/ ]{0,60}?)\s*:\s*([\d.]+)")
 _NEW_SCALE = re.compile(r"(?:loss scale to:?|reducing to:?)\s*([\d.]+(?:[eE][+-]?\d+)?)")
 
 
@@ -672,6 +678,14 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         m = _EXC_LINE.match(msg.strip())
         if m and not m.group(1).endswith("Warning") and len(s.exceptions) < MAX_RECORDS:
             s.exceptions.append((file, line, rank, m.group(1), (m.group(2) or "").strip(), text))
+    elif key == "@timer_line":
+        vals = {k.strip(): float(v) for k, v in _TIMER_FIELD.findall(text.split("time (ms)", 1)[1])}
+        if vals:
+            s.timer_blocks += 1
+            s.timers.update({k: (v, v) for k, v in vals.items()})
+            s.note("timers", file, line, text, replace=True)
+    elif key == "@cpu_optimizer":
+        s.count("cpu_optimizer")
     elif key == "@activity":
         s.activity.append((file, line, text[:300]))
         if len(s.activity) > 2 * MAX_ACTIVITY:

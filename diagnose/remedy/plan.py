@@ -360,6 +360,11 @@ def _lowest_fraction(cfg: RunConfig, ctx: Context, base: list, above: float = -1
                 if tried else "the fraction is already 100%")
 
 
+def lowest_fitting_fraction(cfg: RunConfig, ctx: Context) -> tuple[float, Estimate]:
+    """The lowest optimizer-offload fraction (of FRACTIONS) whose estimate fits with the margin."""
+    return _lowest_fraction(cfg, ctx, _offload_on([], cfg))
+
+
 def _fraction_reason(f: float, e: Estimate, cfg: RunConfig) -> str:
     overlap = bool(cfg.get("optimizer.overlap_cpu_optimizer_d2h_h2d"))
     return (f"lowest fraction that fits with the memory model's margin: {int(f * 100)}% ({gb(e.peak_gb)} of "

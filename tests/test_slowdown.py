@@ -1,0 +1,105 @@
+"""Slowdowns as failures: expected vs observed offload cost, timers in every format, a step change
+inside one run, and a run against a good run of the same job (--baseline-run)."""
+from pathlib import Path
+
+import pytest
+from diagnose.config.load import load_config
+from diagnose.diagnosis import diagnose_paths, diagnose_text
+from diagnose.remedy.plan import slowdown
+
+REPO = Path(__file__).resolve().parent.parent
+LOGS = REPO / "fixtures" / "logs"
+CONFIGS = REPO / "fixtures" / "configs"
+# a Bridge run of Qwen3-30B-A3B (TP2 PP2 EP4, 16 GPUs) that printed no config and no timers
+RUN = LOGS / "compare" / "bridge_offload50_noconfig.log"
+
+
+def _config(fraction: float, overlap: bool):
+    cfg = load_config(str(CONFIGS / "seed_optimizer_offload_100_overlap.yaml"))
+    cfg.set("optimizer.optimizer_offload_fraction", fraction)
+    cfg.set("optimizer.overlap_cpu_optimizer_d2h_h2d", overlap)
+    return cfg
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75, 1.0])
+def test_offload_above_the_lowest_fitting_fraction_is_a_slowdown_with_its_saving(fraction, overlap):
+    """The seed's measured table: 25 % already fits this run on H100s, so every higher fraction
+    costs iteration time for nothing; 25 % itself is no finding."""
+    rep = diagnose_paths([str(RUN)], config=_config(fraction, overlap), jobs=1)
+    m = rep.metrics
+    if fraction == 0.25:
+        assert rep.root_cause is None and "offload_fraction" not in m
+        return
+    if fraction == 0.5:  # x2.5 -> x1.9 (x1.3): the user's margin above the fit, not a finding
+        assert rep.root_cause is None and m["offload_fraction_fits"] == 0.25
+        return
+    rc = rep.root_cause
+    assert rc.finding.signature.id == "MB-OFF-105" and rc.finding.signature.category == "slow_optimizer_offload"
+    assert rc.confidence == "confirmed" and rc.finding.signature.severity == "warning"
+    assert m["offload_fraction_fits"] == 0.25
+    assert m["offload_factor"] == slowdown(fraction, overlap) and m["offload_factor_fits"] == slowdown(0.25, overlap)
+    assert m["offload_saving"] == pytest.approx(1 - slowdown(0.25, overlap) / slowdown(fraction, overlap), abs=1e-3)
+    saved_s = m["iter_ms_median"] * m["offload_saving"] / 1000
+    assert f"about {saved_s:.1f} s of every {m['iter_ms_median'] / 1000:.1f} s iteration" in rc.hit.text
+    assert rc.overrides == ["optimizer.optimizer_offload_fraction=0.25"]
+
+
+def test_a_full_offload_run_with_timers_names_the_optimizer_step_its_share_and_the_saving():
+    rep = diagnose_paths([str(LOGS / "seed" / "qwen3_30b_a3b_full_optimizer_offload_slow.log")],
+                         config=load_config(str(LOGS / "seed" / "qwen3_30b_a3b_full_optimizer_offload_slow.yaml")), jobs=1)
+    rc = rep.root_cause
+    assert rc.finding.signature.id == "MB-OFF-105"
+    assert "iteration time x4.2 -> x1.9" in rc.hit.text and "about 2.3 s of every 4.2 s iteration" in rc.hit.text
+    assert "the timers: optimizer step 3190.0 ms = 76% of the timed iteration" in rc.hit.text
+
+
+def test_timers_alone_still_name_the_component_when_the_model_cannot_be_sized():
+    """The MLM arguments dump of this log has no vocabulary size: no memory estimate, no predicted
+    saving, but the timers still say what dominates."""
+    rc = diagnose_paths([str(LOGS / "mlm_optimizer_offload_1.0_slow.log")], jobs=1).root_cause
+    assert rc.finding.signature.id == "MB-OFF-104"
+    assert rc.hit.text.startswith("optimizer step 3198.3 ms = 77% of the timed iteration")
+
+
+def test_deepspeed_timer_lines_are_read():
+    rep = diagnose_text("Adam Optimizer #0 is created with AVX2 arithmetic capability.\n"
+                        "[Rank 0] time (ms) | forward: 120.50 | backward: 230.10 | backward_inner: 200.00 | "
+                        "backward_allreduce: 30.10 | step: 570.13\n")
+    assert rep.metrics["optimizer_share"] == pytest.approx(570.13 / (570.13 + 350.6), abs=1e-3)
+    assert rep.root_cause.finding.signature.id == "MB-SYM-005"
+    assert rep.root_cause.hit.text.startswith("optimizer step 570.1 ms = 62%")
+
+
+def _iters(times):
+    return "".join(f" iteration {i + 1:>8}/     100 | elapsed time per iteration (ms): {t:.1f} | lm loss: 2.0 |\n"
+                   for i, t in enumerate(times))
+
+
+def test_a_step_change_is_found_and_a_checkpoint_spike_is_not():
+    slow = diagnose_text(_iters([3000, 1010, 1000, 1005, 998, 1002, 2700, 2710, 2690, 2705, 2695]))
+    assert slow.root_cause.finding.signature.id == "MB-SYM-007"
+    assert slow.metrics["iter_time_step_at"] == 7
+    assert "from iteration 7: median 2700 ms per iteration, 2.7x" in slow.root_cause.hit.text
+    # warm-up (iteration 1), a checkpoint save (iteration 6) and an evaluation (iteration 9): healthy
+    healthy = diagnose_text(_iters([9000, 1010, 1000, 1005, 998, 8800, 1002, 1001, 6400, 1003, 999]))
+    assert healthy.root_cause is None
+
+
+def test_a_run_against_a_good_run_of_the_same_job(run_cli):
+    import json
+
+    code, out, _ = run_cli(str(LOGS / "compare" / "mlm_offload100_slow_fail.log"), "--baseline-run",
+                           str(LOGS / "compare" / "mlm_baseline.log"), "--format", "json")
+    doc = json.loads(out)
+    assert doc["metrics"]["slowdown"] == pytest.approx(5.58, abs=0.01)
+    assert doc["root_cause"]["category"] == "slow_optimizer_offload"
+    assert "5.58x the iteration time of" in doc["root_cause"]["text"]
+    # the same run without the baseline, timers or model sizes: the log alone cannot show it
+    code, out, _ = run_cli(str(LOGS / "compare" / "mlm_offload100_slow_fail.log"), "--format", "json")
+    assert json.loads(out)["root_cause"] is None
+
+
+def test_baseline_run_that_cannot_be_read_is_a_usage_error(run_cli, tmp_path):
+    code, _, err = run_cli(str(LOGS / "compare" / "mlm_baseline.log"), "--baseline-run", str(tmp_path / "missing.log"))
+    assert code == 2 and "--baseline-run" in err
