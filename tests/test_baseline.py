@@ -40,6 +40,17 @@ def test_known_finding_passes_new_finding_fails(nights, run_cli):
     assert run_cli(worse, "-q")[0] == 1
 
 
+def test_the_same_failure_in_another_log_is_new(tmp_path, run_cli):
+    """The fingerprint holds the log's (digit-masked) name: an OOM accepted in train.log does not
+    let the same OOM in eval.log through."""
+    base = str(tmp_path / "accepted.json")
+    train = write(tmp_path / "train.log", healthy_lines() + oom_lines(0))
+    assert run_cli(train, "--write-baseline", base, "-q")[0] == 0
+    assert run_cli(train, "--baseline", base, "-q")[0] == 0
+    other = write(tmp_path / "eval.log", healthy_lines() + oom_lines(0))
+    assert run_cli(other, "--baseline", base, "-q")[0] == 1
+
+
 def test_gate_function(db):
     from diagnose.model import Finding, Hit
 

@@ -34,9 +34,24 @@ def test_half_written_line_waits_for_its_newline(tmp_path):
     assert fol.poll() == [] and fol.fatal() is None
     _append(log, OOM[60:] + "\n")
     found = fol.poll()
-    assert [f.id for f in found] == ["MB-OOM-001", "MB-OOM-011"] or "MB-OOM-001" in [f.id for f in found]
+    assert {f.id for f in found} == {"MB-OOM-001", "MB-OOM-011"}  # the OOM and its expandable-segments advice
     assert fol.fatal().id == "MB-OOM-001"
     assert fol.fatal().first.line == 1 and fol.fatal().first.rank == 3
+
+
+def test_a_warning_root_does_not_end_the_follow_an_error_root_does(tmp_path):
+    """One NaN iteration is a warning (MB-NAN-007): the run goes on and so does the follow."""
+    log = tmp_path / "run.log"
+    log.write_text("")
+    fol = Follower(log, load())
+    nan_line = ITER.format(s=1, i=10, c=10240).replace("number of nan iterations:   0", "number of nan iterations:   1")
+    _append(log, nan_line + "\n")
+    found = fol.poll()
+    assert [f.id for f in found] == ["MB-NAN-007"] and found[0].signature.severity == "warning"
+    assert fol.fatal() is None
+    _append(log, OOM + "\n")
+    fol.poll()
+    assert fol.fatal().id == "MB-OOM-001"
 
 
 def test_traceback_across_polls_and_report(tmp_path):

@@ -26,10 +26,11 @@ def _with(cfg, *ov):
 
 
 @pytest.mark.parametrize("fraction,measured", MEASURED)
-def test_measured_table_within_5_percent(march, fraction, measured):
+def test_measured_table_within_1_percent(march, fraction, measured):
+    """docs/check.md gives the errors (all within 0.9 %): a 5 % change of a memory term must fail."""
     ov = [] if fraction is None else ["optimizer.optimizer_cpu_offload=true", f"optimizer.optimizer_offload_fraction={fraction}"]
     est = M.estimate(_with(march, *ov), world_size=16, gpu="h100")
-    assert abs(est.per_gpu_gb - measured) / measured <= 0.05, (fraction, est.per_gpu_gb, measured)
+    assert abs(est.per_gpu_gb - measured) / measured <= 0.01, (fraction, est.per_gpu_gb, measured)
     assert est.fits  # every measured run completed
     assert est.peak_gb >= est.per_gpu_gb
 

@@ -66,3 +66,40 @@ def test_warnings_only_is_healthy():
             "UserWarning: Transformer Engine and Apex are not installed. Falling back to Torch optimizers.\n")
     rep, rc = _root(text)
     assert rc is None
+
+
+CHILD_FAILED = """[E1201 06:49:53.000000 100 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 1 (pid: 24870) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+pretrain_gpt.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_06:49:53
+  host      : node001
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 24870)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_06:49:52
+  host      : node001
+  rank      : 3 (local_rank: 3)
+  exitcode  : 1 (pid: 24872)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_torchrun_root_cause_block_names_the_rank_when_several_raise():
+    """Rank 1's line comes first in the log, but torchrun saw rank 3 fail first: rank 3."""
+    err = "[rank{r}]: ValueError: Currently there is no support for Pipeline parallelism with CPU offloading"
+    _, rc = _root(err.format(r=1) + "\n" + err.format(r=3) + "\n" + CHILD_FAILED)
+    assert rc.finding.signature.id == "MB-OFF-002"
+    assert rc.hit.rank == 3 and rc.rank_source == "torchrun Root Cause block"
