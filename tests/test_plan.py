@@ -42,6 +42,10 @@ def edits(p: PL.Plan) -> dict:
     return {e.key: e.new for e in p.edits}
 
 
+# the seed's measured iteration-time factors (card.yaml: 996 ms baseline; 1871, 2484, 3187, 4189 ms)
+MEASURED_FACTOR = {0.25: 1.9, 0.5: 2.5, 0.75: 3.2, 1.0: 4.2}
+
+
 def test_slowdown_curve_is_the_seeds_measurement():
     assert [PL.slowdown(f) for f in (0, 0.25, 0.5, 0.75, 1.0)] == [1.0, 1.9, 2.5, 3.2, 4.2]
     assert PL.slowdown(1.0, overlap=True) == 3.9
@@ -82,7 +86,7 @@ def test_seed_activation_offload_pp1_oom(db):
     eff = p.fixes[0].effect
     assert eff.before is not None and not eff.before.fits and eff.after.fits
     assert eff.after.peak_gb < eff.before.peak_gb
-    assert eff.slowdown == PL.slowdown(f)
+    assert eff.slowdown == MEASURED_FACTOR[f]  # the seed's table, not the code's own curve
     # ... and the lowest fraction that fits: the next lower one does not (or there is none)
     lower = [x for x in PL.FRACTIONS if x < f]
     if lower:
@@ -101,7 +105,7 @@ def test_seed_partial_offload_oom_raises_the_fraction(db):
     eff = p.fixes[0].effect
     assert eff.after.fits and eff.after.calibrated  # scaled on what the OOM line says was needed
     assert eff.before.peak_gb == pytest.approx(ctx.observed_need_gb, rel=0.01)
-    assert eff.slowdown == PL.slowdown(f)
+    assert eff.slowdown == MEASURED_FACTOR[f]
 
 
 def test_seed_fraction_zero_oom_sets_a_fraction_that_fits(db):
@@ -157,9 +161,10 @@ def test_partial_offload_else_more_pp(db):
 def test_layout_checks():
     cfg = qwen()
     assert PL.valid_layout(cfg, 16, 2, 2) is None
-    assert "does not divide 48 layers" in PL.valid_layout(cfg, 16, 1, 5) or "divide" in PL.valid_layout(cfg, 16, 1, 5)
+    assert PL.valid_layout(cfg, 16, 1, 5) == "TP1 x PP5 x CP1 does not divide 16 GPUs"
+    assert PL.valid_layout(cfg, 20, 1, 5) == "PP5 does not divide 48 layers"
     assert "global batch" in PL.valid_layout(qwen(gbs=6), 16, 2, 2)
-    assert "experts" in PL.valid_layout(cfg, 16, 2, 1, ep=3) or "EP3" in PL.valid_layout(cfg, 16, 2, 1, ep=3)
+    assert PL.valid_layout(cfg, 16, 2, 1, ep=3) == "EP3 x ETP1 does not divide the 16 GPUs of a pipeline stage"
 
 
 def test_divisor_fixes():

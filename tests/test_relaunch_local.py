@@ -31,7 +31,12 @@ OOM = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2
        "of 79.11 GiB of which 1.23 GiB is free. Of the allocated memory 70.30 GiB is allocated by PyTorch, and "
        "6.12 GiB is reserved by PyTorch but unallocated.")
 
-pytest.importorskip("megatron.core")
+try:  # only the tests that train the tiny GPT need megatron-core; the fake jobs run without it
+    import megatron.core  # noqa: F401
+    HAVE_MCORE = True
+except ImportError:
+    HAVE_MCORE = False
+needs_mcore = pytest.mark.skipif(not HAVE_MCORE, reason="trains the tiny GPT: needs megatron-core (pip install -e '.[mcore]')")
 
 
 def diagnose(*args, cwd, timeout=600, **kw):
@@ -58,6 +63,7 @@ def history(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines()]
 
 
+@needs_mcore
 def test_run1_fails_then_fix_relaunch_trains(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     shutil.copy(CFG, cfg)
@@ -85,6 +91,7 @@ def test_run1_fails_then_fix_relaunch_trains(tmp_path):
     assert log2.count("iteration ") >= 8 and "lm loss:" in log2  # run 2 trained, with PP=2 pipeline stages
 
 
+@needs_mcore
 def test_design_card_form_no_log_settings_and_overrides(tmp_path):
     """``diagnose --fix cfg.yaml --relaunch``: plan from the preflight, launcher from pyproject.toml;
     with --overrides the fix travels as Hydra overrides on the command line, the file stays."""
@@ -180,6 +187,7 @@ def test_ctrl_c_ends_the_job_and_leaves_the_history_whole(tmp_path):
     assert recs[-1]["outcome"] == "interrupted" and recs[-1]["job_id"]
 
 
+@needs_mcore
 def test_new_root_cause_is_planned_then_same_cause_returns_exit_5(tmp_path):
     """No log: the preflight fixes the config errors MCore would raise (layers out of range,
     recompute with offload); the relaunched run dies of the next real MCore error (CPU offloading
