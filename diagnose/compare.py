@@ -474,7 +474,9 @@ def slowdown_against(base: Side, run: Side, base_label: str) -> Optional[dict]:
             deltas.append(f"{comp} {b[comp] - a[comp]:+.0f} ms ({a[comp]:.0f} -> {b[comp]:.0f})")
     text = (f"{factor:.2f}x the iteration time of {base_label} ({base.iter_ms:.0f} -> {run.iter_ms:.0f} ms, "
             f"steady-state medians)" + (f" since iteration {since}" if since is not None else "")
-            + ("; " + ", ".join(deltas) if deltas else ""))
+            + ("; " + ", ".join(deltas) if deltas else
+               "; the logs' timers do not say which part of the iteration grew (slow, cause not in the log)"
+               if not (a and b) else "; no timed component grew by 5 % of an iteration"))
     pts = run.report.structure.iterations
     at = next((p for p in pts if p.iteration == since), None) or (pts[-1] if pts else None)
     out = {"slowdown": round(factor, 3)}

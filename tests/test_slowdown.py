@@ -110,3 +110,23 @@ def test_a_run_against_a_good_run_of_the_same_job(run_cli):
 def test_baseline_run_that_cannot_be_read_is_a_usage_error(run_cli, tmp_path):
     code, _, err = run_cli(str(LOGS / "compare" / "mlm_baseline.log"), "--baseline-run", str(tmp_path / "missing.log"))
     assert code == 2 and "--baseline-run" in err
+
+
+def _mlm_log(path, times, fb, opt):
+    blocks = []
+    for i, t in enumerate(times):
+        blocks.append(_iters([t]).replace("iteration        1/", f"iteration {i + 1:>8}/"))
+        blocks.append("(min, max) time across ranks (ms):\n"
+                      f"    forward-backward ...............................: ({fb - 5:.2f}, {fb:.2f})\n"
+                      f"    optimizer ......................................: ({opt - 5:.2f}, {opt:.2f})\n")
+    path.write_text("".join(blocks))
+    return str(path)
+
+
+def test_against_a_baseline_the_grown_component_is_named(tmp_path):
+    base = diagnose_paths([_mlm_log(tmp_path / "base.log", [1500] + [1036] * 8, 996, 40)], jobs=1, sample=False)
+    run = _mlm_log(tmp_path / "run.log", [1500, 1036, 1040, 1038] + [4189] * 6, 996, 3190)
+    rc = diagnose_paths([run], jobs=1, baseline_run=base).root_cause
+    assert rc.finding.signature.id == "MB-SYM-009"
+    assert "since iteration 5" in rc.hit.text and "optimizer step +3150 ms (40 -> 3190)" in rc.hit.text
+    assert "forward-backward" not in rc.hit.text  # unchanged: not named
