@@ -104,3 +104,40 @@ def test_baseline_file_is_stable_and_sorted(tmp_path, db):
     assert a == b
     n = BL.write(str(tmp_path / "bl.json"), rep.findings)
     assert n == len(rep.findings) and BL.load(str(tmp_path / "bl.json")).fingerprints
+
+
+def test_fingerprint_depends_on_the_evidence_and_the_log_name_not_on_numbers():
+    from diagnose.report.fingerprint import fingerprint_of
+
+    oom = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    same = "[rank5]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB"
+    other = "[rank3]: torch.OutOfMemoryError: CUDA out of memory while capturing a CUDA graph"
+    a = fingerprint_of("MB-OOM-001", oom, "/ci/slurm-1001.out")
+    assert len(a) == 32 and int(a, 16) >= 0
+    assert fingerprint_of("MB-OOM-001", same, "/other/slurm-2417.out") == a  # numbers and folders masked
+    assert fingerprint_of("MB-OOM-001", other, "/ci/slurm-1001.out") != a  # another failure
+    assert fingerprint_of("MB-OOM-003", oom, "/ci/slurm-1001.out") != a  # another signature
+
+
+def test_normalisation_of_empty_multiline_and_windows_paths():
+    assert normalize_text("") == "" and normalize_text(None) == ""
+    assert normalize_text("[rank1]: line one\n[rank1]:   line  two") == "line one line two"
+    assert len(normalize_text("x " * 400)) == 500
+    assert normalize_file("C:\\runs\\job-42\\train-7.log") == "train-<n>.log"
+    assert normalize_file("") == "" and normalize_file(None) == ""
+
+
+def test_colliding_fingerprints_are_made_unique_and_stable():
+    from diagnose.db import load
+    from diagnose.model import Finding, Hit
+    from diagnose.report.fingerprint import fingerprint, unique_fingerprints
+
+    sig = load().get("MB-OOM-001")
+    text = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    fs = [Finding(sig, Hit(sig.id, "run.log", line, text)) for line in (10, 20, 30)]
+    fps = unique_fingerprints(fs)
+    assert fps[0] == fingerprint(fs[0]) and len(set(fps)) == 3 and all(len(x) == 32 for x in fps)
+    assert unique_fingerprints(fs) == fps  # the same log gives the same answer
+    # two collisions at one line: the counter takes over, still unique
+    twins = [Finding(sig, Hit(sig.id, "run.log", 10, text)) for _ in range(3)]
+    assert len(set(unique_fingerprints(twins))) == 3

@@ -103,3 +103,44 @@ def test_torchrun_root_cause_block_names_the_rank_when_several_raise():
     _, rc = _root(err.format(r=1) + "\n" + err.format(r=3) + "\n" + CHILD_FAILED)
     assert rc.finding.signature.id == "MB-OFF-002"
     assert rc.hit.rank == 3 and rc.rank_source == "torchrun Root Cause block"
+
+
+def _watchdogs(ranks):
+    return "".join(WATCHDOG.format(r=r, m=30) + "\n" for r in ranks)
+
+
+def test_straggler_world_size_from_the_config_names_a_rank_the_log_never_shows():
+    from diagnose.config.runconfig import RunConfig
+
+    _, rc = _root(_watchdogs(range(7)))
+    assert rc.straggler is None and rc.hit.rank == 0  # 7 ranks, all report: no one to blame
+    _, rc = _root(_watchdogs(range(7)), config=RunConfig({"world_size": 8}, "<test>"))
+    assert rc.straggler == {"reporting": list(range(7)), "not_reporting": [7], "world_size": 8, "rank": 7}
+    assert rc.hit.rank == 7
+
+
+def test_straggler_ranks_the_log_shows_beat_a_smaller_configured_world():
+    from diagnose.config.runconfig import RunConfig
+
+    rank3 = "[rank3]: [W1130 10:30:00.000000 ProcessGroupNCCL.cpp:1] Connection closed by peer [10.0.0.2]:1234\n"
+    _, rc = _root(_watchdogs((0, 1, 2)) + rank3, config=RunConfig({"world_size": 3}, "<test>"))
+    assert rc.straggler == {"reporting": [0, 1, 2], "not_reporting": [3], "world_size": 4, "rank": 3}
+
+
+def test_two_reporting_ranks_are_enough_and_other_errors_are_not_timeouts():
+    seen = "[rank2]: [W1130 10:30:00.000000 ProcessGroupNCCL.cpp:1] Connection closed by peer [10.0.0.2]:1234\n"
+    _, rc = _root(_watchdogs((0, 1)) + seen)
+    assert rc.finding.signature.id == "MB-NCCL-001"
+    assert rc.straggler == {"reporting": [0, 1], "not_reporting": [2], "world_size": 3, "rank": 2}
+
+
+def test_basis_names_the_layer_that_decided():
+    _, rc = _root(OOM + "\n")
+    assert rc.basis == "signature"
+    _, rc = _root("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n"
+                  "ZeroDivisionError: division by zero\n")
+    assert rc.finding.signature.id == "MB-GEN-001" and rc.basis == "exception"
+    _, rc = _root("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 3; 60.96 GiB total capacity)\n")
+    assert rc.finding.signature.id == "MB-GEN-011" and rc.basis == "exception"
+    _, rc = _root(_watchdogs((2, 0, 1)))
+    assert rc.basis == "cascade"
