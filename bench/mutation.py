@@ -44,8 +44,14 @@ def main(argv=None) -> int:
     ap.add_argument("--report", action="store_true", help="only print the last run's table")
     a = ap.parse_args(argv)
     if not a.report:
-        subprocess.run(["mutmut", "run", "--max-children", str(a.jobs)], cwd=REPO, check=False)
+        run = subprocess.run(["mutmut", "run", "--max-children", str(a.jobs)], cwd=REPO, check=False)
+        if run.returncode != 0:
+            print(f"mutmut run failed (exit {run.returncode}): see its output above", file=sys.stderr)
+            return 1
     res = results()
+    if not res["table"]:
+        print("no mutmut results: run it first (python bench/mutation.py)", file=sys.stderr)
+        return 1
     print(f"\n{'module':<34} {'mutants':>8} {'killed':>7} {'survived':>9} {'timeout':>8} {'score':>7}")
     for module, c in sorted(res["table"].items()):
         n = sum(c.values())

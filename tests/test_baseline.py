@@ -140,4 +140,8 @@ def test_colliding_fingerprints_are_made_unique_and_stable():
     assert unique_fingerprints(fs) == fps  # the same log gives the same answer
     # two collisions at one line: the counter takes over, still unique
     twins = [Finding(sig, Hit(sig.id, "run.log", 10, text)) for _ in range(3)]
-    assert len(set(unique_fingerprints(twins))) == 3
+    got = unique_fingerprints(twins)
+    assert len(set(got)) == 3 and all(isinstance(x, str) and len(x) == 32 and int(x, 16) >= 0 for x in got)
+    from diagnose.report.fingerprint import fingerprint_of
+
+    assert fingerprint(fs[0]) == fingerprint_of("MB-OOM-001", text, "run.log")  # the first hit's text and file

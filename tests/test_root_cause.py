@@ -144,3 +144,41 @@ def test_basis_names_the_layer_that_decided():
     assert rc.finding.signature.id == "MB-GEN-011" and rc.basis == "exception"
     _, rc = _root(_watchdogs((2, 0, 1)))
     assert rc.basis == "cascade"
+
+
+TB = "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n"
+
+
+def test_exceptions_the_layers_skip_or_count():
+    # a warning raised as an exception and a clean SystemExit end no run
+    rep, rc = _root(TB + "UserWarning: this API is deprecated\n")
+    assert rc is None and rep.metrics["unexplained_exceptions"] == 0
+    rep, rc = _root(TB + "SystemExit: 0\n")
+    assert rc is None
+    # Ctrl-C: nothing, unless the stack shows where the job was waiting (a hang)
+    _, rc = _root(TB + "KeyboardInterrupt\n")
+    assert rc is None
+    hung = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n"
+            "  File \"/usr/lib/python3.10/threading.py\", line 324, in wait\n    gotit = waiter.acquire(True, timeout)\n"
+            "KeyboardInterrupt\n")
+    _, rc = _root(hung)
+    assert rc.finding.signature.id == "MB-GEN-021" and rc.basis == "traceback"
+    # two unknown exceptions are two, and the first one is the root cause
+    rep, rc = _root(TB + "ZeroDivisionError: division by zero\n" + TB + "KeyError: 'x'\n")
+    assert rep.metrics["unexplained_exceptions"] == 2 and rc.hit.line == 4
+    assert rc.hit.captures["exc_type"] == "ZeroDivisionError" and rc.hit.captures["message"] == "division by zero"
+
+
+def test_an_exception_is_explained_by_a_signature_two_lines_away_not_three():
+    oom = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.11 GiB of which 1.23 GiB is free.\n"
+    near = oom + "noise\n" + "RuntimeError: something else\n"  # 2 lines below the OOM: the same failure
+    rep, _ = _root(near)
+    assert rep.metrics["unexplained_exceptions"] == 0
+    far = oom + "noise\nnoise\n" + "RuntimeError: something else\n"  # 3 lines below: another one
+    rep, _ = _root(far)
+    assert rep.metrics["unexplained_exceptions"] == 1
+    above = "RuntimeError: something else\n" + "noise\n" + oom  # 2 lines above
+    rep, _ = _root(above)
+    assert rep.metrics["unexplained_exceptions"] == 0
+    rep, rc = _root("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n")
+    assert rc.hit.captures["layer_row"] == "accelerator-oom-message" and rc.hit.file == "<text>" and rc.hit.line == 1
