@@ -182,3 +182,28 @@ def test_an_exception_is_explained_by_a_signature_two_lines_away_not_three():
     assert rep.metrics["unexplained_exceptions"] == 0
     rep, rc = _root("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n")
     assert rc.hit.captures["layer_row"] == "accelerator-oom-message" and rc.hit.file == "<text>" and rc.hit.line == 1
+
+
+def test_rank_source_says_where_the_rank_came_from():
+    _, rc = _root(OOM + "\n")
+    assert rc.hit.rank == 3 and rc.rank_source == "log line"
+    bare = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which 1.23 GiB is free.\n"
+    _, rc = _root(bare)
+    assert rc.hit.rank is None and rc.rank_source == ""
+    # no rank on the line: torchrun's Root Cause block gives it
+    _, rc = _root(bare + CHILD_FAILED)
+    assert rc.hit.rank == 3 and rc.rank_source == "torchrun Root Cause block"
+    # one rank named on its line and another by torchrun: the line is not re-attributed
+    _, rc = _root("[rank1]: " + bare + CHILD_FAILED)
+    assert rc.hit.rank == 1 and rc.rank_source == "log line"
+
+
+def test_a_config_trap_found_in_the_log_points_at_the_config_block():
+    from diagnose.config.runconfig import RunConfig
+
+    cfg = RunConfig({"optimizer": {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.0,
+                                   "use_distributed_optimizer": True}}, "run_config.yaml")
+    rep, rc = _root("", config=cfg)
+    f = next(x for x in rep.findings if x.signature.id == "MB-OFF-050")
+    assert (f.first.file, f.first.line) == ("run_config.yaml", 1)
+    assert f.first.text == ("optimizer.optimizer_cpu_offload = True; optimizer.optimizer_offload_fraction = 0.0")
