@@ -207,3 +207,57 @@ def test_a_config_trap_found_in_the_log_points_at_the_config_block():
     f = next(x for x in rep.findings if x.signature.id == "MB-OFF-050")
     assert (f.first.file, f.first.line) == ("run_config.yaml", 1)
     assert f.first.text == ("optimizer.optimizer_cpu_offload = True; optimizer.optimizer_offload_fraction = 0.0")
+
+
+def test_static_overrides_take_the_first_applicable_fix_with_edits():
+    from dataclasses import replace
+
+    from diagnose.analyze.root_cause import static_overrides
+    from diagnose.config.runconfig import RunConfig
+    from diagnose.db import load
+    from diagnose.model import Edit, Fix
+
+    fixes = (Fix("text only"), Fix("not here", edits=(Edit("a.b", "set", 1),), when="model.x == 1"),
+             Fix("every op", edits=(Edit("train.micro_batch_size", "scale", 0.5, min=1),
+                                    Edit("train.global_batch_size", "add", 2),
+                                    Edit("model.pipeline_model_parallel_size", "set", 2),
+                                    Edit("model.virtual_pipeline_model_parallel_size", "delete"))))
+    sig = replace(load().get("MB-OOM-001"), fixes=fixes)
+    cfg = RunConfig({"model": {"x": 0, "pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": 2},
+                     "train": {"micro_batch_size": 4, "global_batch_size": 8}}, "<test>")
+    # the config's numbers: the edits applied to them
+    assert static_overrides(sig, cfg, {"model": {"x": 0}}) == [
+        "train.micro_batch_size=2", "train.global_batch_size=10", "model.pipeline_model_parallel_size=2",
+        "~model.virtual_pipeline_model_parallel_size"]
+    # no config: scale and add shown as operations, set and delete as they are
+    assert static_overrides(sig, None, {"model": {"x": 0}}) == [
+        "train.micro_batch_size=x0.5", "train.global_batch_size=+2", "model.pipeline_model_parallel_size=2",
+        "~model.virtual_pipeline_model_parallel_size"]
+    # a fix whose condition holds (or is unknown) comes first
+    assert static_overrides(sig, cfg, {"model": {"x": 1}}) == ["a.b=1"]
+    assert static_overrides(sig, cfg, {}) == ["a.b=1"]
+    assert static_overrides(replace(sig, fixes=fixes[:1]), cfg, {}) == []
+
+
+def test_tiers_layers_before_failure_markers_and_the_likeliest_marker_first():
+    npu = "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 3; 60.96 GiB total capacity)\n"
+    failed = "subprocess.CalledProcessError: Command '['python', 'train.py']' returned non-zero exit status 1.\n"
+    # a failure marker first, then an exception the layers read: the exception is the root cause
+    _, rc = _root(failed + npu)
+    assert rc.finding.signature.id == "MB-GEN-011" and rc.basis == "exception"
+    # only markers: torchrun's (priority 50, the earliest of them) before a generic 'job failed' line (10)
+    _, rc = _root("Error executing job with overrides: ['trainer.devices=8']\n" + CHILD_FAILED)
+    assert rc.finding.signature.id == "MB-RUN-002" and rc.basis == "failure"  # torchrun agent: failed (exitcode: 1)
+    assert rc.finding.signature.category == "other"
+
+
+def test_a_refined_root_cause_keeps_the_evidence_line_of_what_it_refines():
+    text = ("[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8192.00 GiB. GPU 2 has a total "
+            "capacity of 79.11 GiB of which 60.23 GiB is free.\n")
+    rep, rc = _root("noise\n" + text)
+    assert rc.finding.signature.id == "MB-OOM-010" and rc.refines is not None
+    refined = next(f for f in rep.findings if f.signature.id == "MB-OOM-010")
+    first = refined.first
+    assert (first.sig_id, first.file, first.line, first.rank, first.text) == (
+        "MB-OOM-010", "<text>", 2, 2, text.strip())
+    assert first.captures == rc.refines.first.captures and first.order == rc.refines.first.order
