@@ -80,3 +80,21 @@ def test_compare_exit_codes(run_cli, tmp_path):
     assert run_cli("compare", base, str(COMPARE / "bridge_offload50_slow_fail.log"), "--world-size", "16")[0] == 1
     assert run_cli("compare", base, str(tmp_path / "missing.log"))[0] == 2
     assert run_cli("compare", base, base, "--max-loss-delta", "0")[0] == 2
+
+
+def test_an_output_that_names_an_input_is_refused_and_the_input_kept(tmp_path, run_cli):
+    log = write(tmp_path / "run.log", oom_lines(0))
+    before = open(log, "rb").read()
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("optimizer:\n  optimizer_cpu_offload: true\n")
+    link = tmp_path / "link.log"
+    link.symlink_to(log)
+    for args in (("-o", log), ("--write-baseline", log), ("-o", str(link)), ("--config", str(cfg), "-o", str(cfg))):
+        code, _, err = run_cli(log, *args, "--format", "json")
+        assert code == 2 and "one of the inputs" in err, (args, err)
+    assert open(log, "rb").read() == before and cfg.read_text() == "optimizer:\n  optimizer_cpu_offload: true\n"
+    # a new file, or updating the baseline that was read, is fine
+    assert run_cli(log, "-o", str(tmp_path / "report.json"), "--format", "json")[0] == 1
+    base = str(tmp_path / "accepted.json")
+    assert run_cli(log, "--write-baseline", base, "-q")[0] == 0
+    assert run_cli(log, "--baseline", base, "--write-baseline", base, "-q")[0] == 0

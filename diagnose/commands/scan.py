@@ -1,6 +1,7 @@
 """``diagnose PATH...``: scan logs, name the root cause, report it."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -83,6 +84,10 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
         raise click.UsageError("--relaunch, --dry-run, --overrides and --unsafe-fixes need --fix CFG")
     if not paths:
         raise click.UsageError("no log given: diagnose PATH... (a file, a folder, a .gz, or - for stdin)")
+    for opt, target, inputs in (("-o", output, (*paths, config_path, baseline_path, baseline_run)),
+                                ("--write-baseline", write_baseline, (*paths, config_path, baseline_run))):
+        if target and names_an_input(target, inputs):
+            raise click.UsageError(f"{opt} {target}: that file is one of the inputs; writing it would overwrite it")
     db = load_db(sig_path)
     cfg = load_cfg(config_path)
     try:
@@ -134,6 +139,20 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
     if not quiet and (fmt != "text" or output):
         click.echo(stderr_summary(report, fail_on, baseline, output), err=True)
     return exit_code(report, fail_on, baseline)
+
+
+def names_an_input(target: str, inputs) -> bool:
+    """Is ``target`` (an output file) the same file as one of ``inputs`` (through links too)?"""
+    if not os.path.exists(target):
+        return False
+    for p in inputs:
+        if p and p != "-" and os.path.exists(p):
+            try:
+                if os.path.samefile(target, p):
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def stderr_summary(report, fail_on: str, baseline, output) -> str:
