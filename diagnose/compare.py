@@ -461,10 +461,15 @@ def slowdown_against(base: Side, run: Side, base_label: str) -> Optional[dict]:
     slow = base.iter_ms * (1 + (factor - 1) / 2) if factor > 1 else None
     its = [i for i in sorted(run.points)[1:] if run.points[i][1] is not None and math.isfinite(run.points[i][1])]
     since = None
-    if slow is not None:
-        for k, i in enumerate(its):
-            rest = [run.points[j][1] for j in its[k:]]
-            if run.points[i][1] >= slow and median(rest) >= slow:
+    if slow is not None:  # the first slow iteration after which the median stays slow (64 medians at most)
+        stride = max(1, len(its) // 64)
+        for k in range(0, len(its), 1):
+            i = its[k]
+            if run.points[i][1] < slow:
+                continue
+            if k % stride and k != len(its) - 1:
+                continue
+            if median(run.points[j][1] for j in its[k:]) >= slow:
                 since = i
                 break
     deltas = []

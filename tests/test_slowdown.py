@@ -130,3 +130,15 @@ def test_against_a_baseline_the_grown_component_is_named(tmp_path):
     assert rc.finding.signature.id == "MB-SYM-009"
     assert "since iteration 5" in rc.hit.text and "optimizer step +3150 ms (40 -> 3190)" in rc.hit.text
     assert "forward-backward" not in rc.hit.text  # unchanged: not named
+
+
+def test_the_change_point_of_a_long_series_is_found_on_a_bounded_subset():
+    """50,000 iteration points (the structure's cap): the split is searched on 512 of them at 64
+    positions, so the step is found within about 1/64 of the run, in bounded work."""
+    from diagnose.analyze import symptoms
+    from diagnose.logs.structure import IterationPoint, Structure
+
+    pts = [IterationPoint(i, 100_000, 1000.0 if i < 30_000 else 2700.0, {}, "x", i, None) for i in range(50_000)]
+    got = symptoms.change_point(pts, Structure())
+    assert got["iter_time_step"] == pytest.approx(2.7)
+    assert abs(got["iter_time_step_at"] - 30_000) <= 50_000 / 64

@@ -137,6 +137,8 @@ def timer_shares(s: Structure) -> dict:
 
 
 WARMUP = 2  # iterations left out of the change point: compilation, allocator growth, first data
+CHANGE_POINTS = 512  # at most this many iteration times are split (an even subset of a longer series)
+CHANGE_SPLITS = 64  # and at most this many split points are tried: O(points x splits) on any log
 
 
 def change_point(pts: list, s: Structure) -> dict:
@@ -146,9 +148,15 @@ def change_point(pts: list, s: Structure) -> dict:
     series = [p for p in pts if p.elapsed_ms is not None and math.isfinite(p.elapsed_ms)][WARMUP:]
     if len(series) < 6:
         return {}
+    if len(series) > CHANGE_POINTS:  # bounded work on any log: an evenly spread subset of the points
+        step = len(series) / CHANGE_POINTS
+        series = [series[int(i * step)] for i in range(CHANGE_POINTS)]
     xs = [p.elapsed_ms for p in series]
+    splits = range(3, len(xs) - 2)
+    if len(splits) > CHANGE_SPLITS:
+        splits = sorted({3 + int(i * (len(xs) - 5) / CHANGE_SPLITS) for i in range(CHANGE_SPLITS)})
     best = None  # the split that fits two levels best: least absolute deviation from each median
-    for k in range(3, len(xs) - 2):
+    for k in splits:
         before, after = median(xs[:k]), median(xs[k:])
         cost = sum(abs(x - before) for x in xs[:k]) + sum(abs(x - after) for x in xs[k:])
         if before > 0 and (best is None or cost < best[0]):
