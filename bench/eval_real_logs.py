@@ -5,7 +5,7 @@
     python bench/eval_real_logs.py fixtures/corpus --part test      # the corpus: dev | test | all
     python bench/eval_real_logs.py fixtures/corpus --table          # per-category and per-slice tables
 
-A folder holds *.log files and labels.json ([{file, source, root_cause, root_cause_evidence, ...}],
+A folder holds *.log files and labels.json ([{file, source, root_cause, root_cause_evidence or root_cause_line, ...}],
 ``root_cause`` from product.md's category vocabulary or ``healthy``); a corpus root holds such
 folders (one per slice of the ecosystem). A log counts as correct when diagnose's root-cause
 category equals the label (``healthy`` = no root cause).
@@ -43,6 +43,18 @@ def labelled_folders(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/labels.json"))
 
 
+def evidence_of(folder: Path, lab: dict) -> str:
+    """The line a good tool points to: ``root_cause_evidence`` (its text), or ``root_cause_line``
+    (its 1-based number in the log: the corpus keeps the text in the log only)."""
+    if lab.get("root_cause_evidence"):
+        return lab["root_cause_evidence"].strip()
+    n = lab.get("root_cause_line")
+    if not n:
+        return ""
+    lines = (folder / lab["file"]).read_text(encoding="utf-8", errors="replace").splitlines()
+    return lines[n - 1].strip() if 0 < n <= len(lines) else ""
+
+
 def _row(folder: Path, lab: dict) -> dict:
     from diagnose.diagnosis import diagnose_paths
 
@@ -50,7 +62,7 @@ def _row(folder: Path, lab: dict) -> dict:
     rc = rep.root_cause
     got = rc.finding.signature.category if rc else "healthy"
     evidence = rc.hit.text if rc else ""
-    want_ev = (lab.get("root_cause_evidence") or "").strip()
+    want_ev = evidence_of(folder, lab)
     ev_ok = bool(want_ev) and bool(evidence) and (want_ev[:60] in evidence or evidence[:60] in want_ev
                                                   or want_ev.split(":")[-1].strip()[:50] in evidence)
     return {
