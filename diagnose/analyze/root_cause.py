@@ -25,7 +25,6 @@ from . import layers, symptoms
 from .findings import Findings, first_hit
 
 GENERIC_EXCEPTION_ID = "MB-GEN-001"
-HANG_IDS = {"MB-GEN-021"}  # what a traceback of a run stopped by hand (KeyboardInterrupt) may name
 
 
 def _roots(cfg, metrics: dict, captures: Optional[dict] = None) -> dict:
@@ -82,6 +81,8 @@ def add_unexplained_exceptions(db: Database, findings: Findings, structure, cove
     traceback cut before its exception line. Returns how many exceptions no signature explained."""
     tables = layers.load_tables(db.root) if db.root else layers.Tables((), ())
     generic = db.get(GENERIC_EXCEPTION_ID)
+    # a run stopped by hand (KeyboardInterrupt) is read for a hang only: the rows naming one
+    hang_rows = {r.signature for r in tables.rows() if getattr(db.get(r.signature), "category", "") == "hang"}
     covered = set(covered)  # the signatures' lines, not the ones added here
     n = 0
     recs = [(tb.file, tb.line, tb.rank, tb.exc_type, tb.message, tb.text, tb.frames, tb.source, tb.start or tb.line)
@@ -95,7 +96,7 @@ def add_unexplained_exceptions(db: Database, findings: Findings, structure, cove
         if (etype or "").endswith("Warning") or etype == "SystemExit":
             continue
         if etype == "KeyboardInterrupt":  # stopped by hand: a hang where it waited, else nothing
-            row = layers.classify(tables, None, "", frames, source, only=HANG_IDS)
+            row = layers.classify(tables, None, "", frames, source, only=hang_rows)
             if row is None:
                 continue
         else:
