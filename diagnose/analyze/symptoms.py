@@ -7,6 +7,8 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   iter_ms_first          median of the first iterations after the first (warm-up) one
   iter_ms_last           median of the last three iterations
   iter_time_growth       iter_ms_last / iter_ms_first
+  iter_time_trend        Kendall's tau of the iteration time against the iteration, past the
+                         first (warm-up) one: near 1 when the run slows steadily, near 0 for noise
   slowdown               iter_ms_median / the baseline's (``--baseline-ms``), or the steady-state
                          median / a good run's (``--baseline-run LOG``: compare.slowdown_against,
                          which also gives slowdown_since, the iteration the run stays slower from)
@@ -19,7 +21,9 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   timer_spread           the slowest rank's forward-backward over the fastest's (MLM (min, max))
   cpu_optimizer          1 where the log shows a CPU optimizer (DeepSpeed CPU Adam, ZeRO-Offload)
   iter_time_step         the largest step change in iteration time (median after / before, past
-                         the warm-up, 3+ iterations each side); iter_time_step_at: where
+                         the warm-up, 3+ iterations each side); iter_time_step_at: where;
+                         iter_time_step_separation: the share of (before, after) pairs in which
+                         the iteration after is the slower (1: every one; 0.5: noise)
   mem_max_allocated_gb   largest (max) allocated memory reported, GB = 1e9 bytes
   alloc_retries_growth   growth of Bridge's mem-alloc-retires over the run
   unexplained_exceptions Python exceptions that no signature recognised
@@ -56,6 +60,7 @@ def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
                 m["iter_ms_last"] = median(times[-3:])
                 if m["iter_ms_first"] > 0:
                     m["iter_time_growth"] = m["iter_ms_last"] / m["iter_ms_first"]
+                m["iter_time_trend"] = round(kendall_tau(times[1:]), 3)
             if baseline_ms:
                 m["slowdown"] = m["iter_ms_median"] / baseline_ms
         # counted on every iteration line read (structure.Structure._iteration_evidence)
@@ -137,6 +142,33 @@ def timer_shares(s: Structure) -> dict:
 
 
 WARMUP = 2  # iterations left out of the change point: compilation, allocator growth, first data
+TREND_POINTS = 256  # Kendall's tau is O(n^2): an even subset of a longer series
+
+
+def kendall_tau(xs: list) -> float:
+    """Kendall's tau-a of the values against their order: +1 when every later value is larger,
+    about 0 for noise. A toy run on a loaded CPU whose last three iterations happen to be 30 %
+    slower than its first three is noise, not a run that is getting steadily slower."""
+    if len(xs) > TREND_POINTS:
+        step = len(xs) / TREND_POINTS
+        xs = [xs[int(i * step)] for i in range(TREND_POINTS)]
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    s = sum((xs[j] > xs[i]) - (xs[j] < xs[i]) for i in range(n) for j in range(i + 1, n))
+    return s / (n * (n - 1) / 2)
+
+
+def separation(before: list, after: list) -> float:
+    """The share of (before, after) pairs in which the value after is the larger (ties count
+    half): the Mann-Whitney U over its maximum. 1.0: every iteration after the split is slower
+    than every one before it."""
+    if not before or not after:
+        return 0.0
+    u = sum((a > b) + 0.5 * (a == b) for b in before for a in after)
+    return u / (len(before) * len(after))
+
+
 CHANGE_POINTS = 512  # at most this many iteration times are split (an even subset of a longer series)
 CHANGE_SPLITS = 64  # and at most this many split points are tried: O(points x splits) on any log
 
@@ -169,7 +201,8 @@ def change_point(pts: list, s: Structure) -> dict:
     s.note("iter_time_step", p.file, p.line, f"from iteration {p.iteration}: median {after:.0f} ms per iteration, "
            f"{factor:.1f}x the {before:.0f} ms before it (iterations {series[0].iteration}-{series[k - 1].iteration})",
            replace=True)
-    return {"iter_time_step": round(factor, 3), "iter_time_step_at": p.iteration}
+    return {"iter_time_step": round(factor, 3), "iter_time_step_at": p.iteration,
+            "iter_time_step_separation": round(separation(xs[:k], xs[k:]), 3)}
 
 
 # which evidence line (logs/structure.py Structure.evidence) stands for which metric
