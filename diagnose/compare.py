@@ -31,10 +31,7 @@ from .model import Report
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
 
-# The measured penalty curve (Bridge docs/training/cpu-offloading.md, skill card measured_results:
-# Qwen3-30B-A3B, TP2 PP2 EP4, 2 nodes of 8 H100; baseline 996 ms/iteration).
-PENALTY = ((0.0, 1.0), (0.25, 1.9), (0.5, 2.5), (0.75, 3.2), (1.0, 4.2))
-PENALTY_OVERLAP_FULL = 3.9  # 100 % with overlap_cpu_optimizer_d2h_h2d (measured only at 100 %)
+# The measured penalty curve: remedy/offload_curve.py (one source for the planner and here).
 # The measured memory rule, valid only for the reference job.
 GB_PER_QUARTER = 3.8
 REFERENCE = {  # Bridge path -> value of the measured reference job
@@ -227,14 +224,9 @@ def offload_of(cfg: Optional[RunConfig]) -> Offload:
 
 def expected_penalty(fraction: float, overlap: bool = False) -> float:
     """The expected iteration-time factor of an optimizer-offload fraction (interpolated)."""
-    f = min(1.0, max(0.0, fraction))
-    pts = list(PENALTY)
-    if overlap:
-        pts[-1] = (1.0, PENALTY_OVERLAP_FULL)
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= f <= x1:
-            return y0 + (y1 - y0) * (f - x0) / (x1 - x0)
-    return pts[-1][1]
+    from .remedy.offload_curve import factor
+
+    return factor(fraction, overlap)
 
 
 def _memory_model():

@@ -29,7 +29,11 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
     """Findings + structure (+ a config) -> Report with the one root cause. ``baseline_run``: a
     good run of the same job, diagnosed: slowdowns are measured against it."""
     logged = from_log_blocks(res.structure.config_blocks)
-    cfg = logged.merge(config) if (logged and config) else (config or logged)
+    # the config the run printed is the truth about that run: it wins over the file given, whose
+    # other keys fill in; where the two disagree the report says so (a file edited since the run,
+    # or the config of another job)
+    cfg = config.merge(logged) if (logged and config) else (config or logged)
+    differ = config.differences(logged) if (logged and config) else []
     if cfg is not None:
         where = _config_where(res, config)
     else:
@@ -62,11 +66,21 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
                     config=cfg, config_source=cfg.source if cfg is not None else None,
                     structure=res.structure, notes=list(res.notes), bytes_read=res.bytes_read,
                     lines_read=res.lines_read, seconds=res.seconds)
+    if differ:
+        shown = "; ".join(f"{k}: {_short(a)} in the file, {_short(b)} in the run" for k, a, b in differ[:4])
+        more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
+        report.notes.append(f"{config.source or 'the config given'} differs from the config the run printed in "
+                            f"{len(differ)} key(s): {shown}{more}; the run's values are used")
     if root is not None and cfg is not None:
         _computed_overrides(report, root)
     report.metrics = metrics  # type: ignore[attr-defined]
     report.engine = res.engine  # type: ignore[attr-defined]
     return report
+
+
+def _short(v) -> str:
+    t = repr(v)
+    return t if len(t) <= 40 else t[:37] + "..."
 
 
 def _world(cfg: RunConfig, res: ScanResult) -> Optional[int]:

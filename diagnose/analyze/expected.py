@@ -1,7 +1,7 @@
 """Expected vs observed cost: what the run's config says it should cost, against the log.
 
 Optimizer CPU offload trades GPU memory for iteration time, and the trade is measured: the
-seed's table (remedy/plan.py SLOWDOWN; Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100) gives the
+measured curve (remedy/offload_curve.py; Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100) gives the
 iteration-time factor at each offloaded fraction. A run that offloads more than it needs to fit
 pays for nothing: the memory model finds the lowest fraction that fits, and the difference of
 the two factors is the saving. The factors are the measured model's; another model's CPU Adam

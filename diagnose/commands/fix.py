@@ -55,15 +55,16 @@ def _snapshot(path: str) -> E.Snapshot:
         raise click.ClickException(str(exc)) from None
 
 
-def _planner(db, world_size, gpu, gpu_memory, allow_unsafe):
+def _planner(db, world_size, gpu, gpu_memory, allow_unsafe, bridge_version=None):
     def planner(report, cfg):
-        ctx = C.context_from_report(report, world_size, gpu, gpu_memory)
-        return PL.plan(C.from_report(report), report.config or cfg, ctx, allow_unsafe)
+        ctx = C.context_from_report(report, world_size, gpu, gpu_memory, db, bridge_version)
+        return PL.rebase(PL.plan(C.from_report(report), report.config or cfg, ctx, allow_unsafe), cfg)
     return planner
 
 
 def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launcher_kind, launch_cmd,
-            max_attempts, history_path, world_size, gpu, gpu_memory, db, versions, engine, fmt, quiet) -> int:
+            max_attempts, history_path, world_size, gpu, gpu_memory, db, versions, engine, fmt, quiet,
+            bridge_version=None) -> int:
     if relaunch and dry_run:
         raise click.UsageError("--dry-run writes nothing, so it cannot be combined with --relaunch")
     st = _settings()
@@ -83,14 +84,20 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
                 _err(f"diagnose: {n}")
             _err("diagnose: nothing could be read")
             return exitcodes.USAGE
-        ctx = C.context_from_report(report, world_size, gpu, gpu_memory)
+        ctx = C.context_from_report(report, world_size, gpu, gpu_memory, db, bridge_version)
+        for n in report.notes:
+            _err(f"diagnose: {n}", quiet)
         rc = report.root_cause
         if rc is None:
             _err("diagnose: the log is healthy: nothing to fix", quiet)
         else:
             _err(f"diagnose: root cause {rc.finding.signature.id} {rc.finding.signature.title} "
                  f"({rc.hit.file}:{rc.hit.line}, {rc.confidence})", quiet)
-        plan = PL.plan(C.from_report(report), report.config or cfg, ctx, unsafe)
+        # planned on the config the run printed (it wins in report.config), written to the file:
+        # a value the file already has is no change, so --fix twice is one change
+        plan = PL.rebase(PL.plan(C.from_report(report), report.config or cfg, ctx, unsafe), cfg)
+        if ctx.resume is not None and ctx.resume.loads is not False and plan.causes:
+            _err(f"diagnose: checkpoint: the run {ctx.resume.describe()}", quiet)
     else:
         ctx = PL.Context(world_size=world_size, gpu=gpu, gpu_memory_gb=gpu_memory)
         plan = C.plan_preflight(db, cfg, ctx, unsafe, versions)
@@ -106,7 +113,7 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
 
     if relaunch:
         return _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind, launch_cmd,
-                         max_attempts, history_path, st, world_size, gpu, gpu_memory, quiet)
+                         max_attempts, history_path, st, world_size, gpu, gpu_memory, quiet, bridge_version)
 
     code = STATUS_CODE[plan.status]
     if overrides_mode:
@@ -144,7 +151,7 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
 
 
 def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind, launch_cmd, max_attempts,
-              history_path, st, world_size, gpu, gpu_memory, quiet) -> int:
+              history_path, st, world_size, gpu, gpu_memory, quiet, bridge_version=None) -> int:
     kind = launcher_kind or st.get("launcher")
     if not kind or not launch_cmd:
         raise click.ClickException(ST.HOWTO)
@@ -162,7 +169,7 @@ def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind,
     max_attempts = max_attempts or int(st.get("max-attempts") or 3)
     loop = LP.RelaunchLoop(db, launcher, None if overrides_mode else Path(fix_path), LP.History(history), log_dir,
                            max_attempts=max_attempts, use_overrides=overrides_mode, allow_unsafe=unsafe,
-                           planner=_planner(db, world_size, gpu, gpu_memory, unsafe),
+                           planner=_planner(db, world_size, gpu, gpu_memory, unsafe, bridge_version),
                            echo=(lambda s: None) if quiet else (lambda s: click.echo(s, err=True)),
                            load_config=lambda: _load(fix_path))
     try:

@@ -59,11 +59,13 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--world-size", type=click.IntRange(min=1), help="GPUs of the job, for computed fixes.")
 @click.option("--gpu", help="GPU name for the memory model (H100, H200, A100-80, B200 ...).")
 @click.option("--gpu-memory", type=float, help="GPU memory in GB (1e9 bytes), instead of --gpu.")
+@click.option("--bridge-version", help="With --fix: Megatron-Bridge version of the job (fixes that depend on it, "
+              "e.g. optimizer offload on a fine-tune, are refused while it is unknown).")
 @click.option("--follow", is_flag=True, help="Follow LOG as it grows; diagnose lines as they arrive; stop at a fatal root cause.")
 def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline, engine, mcore_version, baseline_ms,
          baseline_run,
          quiet, sig_path, fix_path, dry_run, overrides_mode, unsafe_fixes, relaunch, launcher_kind, launch_cmd,
-         max_attempts, history_path, world_size, gpu, gpu_memory, follow, jobs):
+         max_attempts, history_path, world_size, gpu, gpu_memory, bridge_version, follow, jobs):
     """Scan training logs and name the one root cause."""
     if fix_path or follow:
         from .fix import run_fix, run_follow
@@ -79,7 +81,7 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
                        unsafe=unsafe_fixes, relaunch=relaunch, launcher_kind=launcher_kind, launch_cmd=launch_cmd,
                        max_attempts=max_attempts, history_path=history_path, world_size=world_size, gpu=gpu,
                        gpu_memory=gpu_memory, db=db, versions=versions_option(mcore_version), engine=eng, fmt=fmt,
-                       quiet=quiet)
+                       quiet=quiet, bridge_version=bridge_version)
     if relaunch or dry_run or overrides_mode or unsafe_fixes:
         raise click.UsageError("--relaunch, --dry-run, --overrides and --unsafe-fixes need --fix CFG")
     if not paths:

@@ -81,6 +81,24 @@ class RunConfig:
         out.source = ", ".join(s for s in (self.source, other.source) if s)
         return out
 
+    def differences(self, other: "RunConfig") -> list:
+        """(key, this value, other's value) for every leaf key both have with different values."""
+        out = []
+
+        def rec(a: dict, b: dict, prefix: str):
+            for k, v in a.items():
+                if k not in b or k == "_target_":
+                    continue
+                w = b[k]
+                if isinstance(v, dict) and isinstance(w, dict):
+                    rec(v, w, f"{prefix}{k}.")
+                elif not isinstance(v, dict) and not isinstance(w, dict) and (v != w or type(v) is not type(w)) \
+                        and not (isinstance(v, (int, float)) and isinstance(w, (int, float))
+                                 and not isinstance(v, bool) and not isinstance(w, bool) and v == w):
+                    out.append((f"{prefix}{k}", v, w))
+        rec(self.data, other.data, "")
+        return out
+
 
 def normalize(cfg: RunConfig) -> RunConfig:
     """Fill the few derived values rules rely on (Bridge syncs the distributed optimizer flags)."""

@@ -50,6 +50,10 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@overflow": ("Gradient overflow.", "overflow detected, setting loss scale to", "OVERFLOW! Rank",
                   "reducing loss scale to"),
     "@theoretical": ("Theoretical memory footprints:",),
+    # whether the run resumed from a checkpoint (Megatron-LM and Bridge print the same lines):
+    # the planner must not change the layout under a checkpoint that cannot be resharded
+    "@resume": ("successfully loaded checkpoint from", "will not load any checkpoints and will start from random",
+                "Starting training loop at iteration", "successfully saved checkpoint"),
     # no parser: a line with one of these is never skipped by the sampling of dense lines (a NaN
     # or Inf field value as Megatron prints it, a non-zero NaN-iteration count, allocator retries)
     "@anomaly": tuple(f": {v} |" for v in ("nan", "NAN", "NaN", "-nan", "-NAN", "inf", "INF", "Inf",
@@ -70,6 +74,7 @@ _EXC_LINE = re.compile(
     r"^(?:\s*)((?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure)"
     r"(?:\((?:[A-Za-z_][\w]*\.)*[A-Z]\w*\))?)(?::\s?(.*))?$"  # Ray: RayTaskError(OutOfMemoryError)
 )
+_LOADED_AT = re.compile(r"(?:at|from) iteration\s+(\d+)")
 _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _ARGS_LINE = re.compile(r"^\s+(\S+) \.{3,} (.*)$")
 _SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
@@ -179,6 +184,9 @@ class Structure:
     # inside a traceback already; after it, a frame line starts a headless one
     tb_until: dict = field(default_factory=dict)
     activity: list = field(default_factory=list)  # (file, line, text) of @activity lines, the last few
+    # (file, line, kind, iteration or None), the first few: kind "loaded" | "fresh" (nothing to
+    # load) | "start" (the training loop's first iteration) | "saved" (a checkpoint was written)
+    resume: list = field(default_factory=list)
     # over every line read, stored in the bounded lists above or not (scan.py's sampling, the
     # decimation of ``iterations``): counts (summed across files) and largest values
     tally: dict = field(default_factory=dict)  # iterations, loss_missing, loss_nan, grad_norm_nan, memory
@@ -690,6 +698,12 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         s.activity.append((file, line, text[:300]))
         if len(s.activity) > 2 * MAX_ACTIVITY:
             del s.activity[:-MAX_ACTIVITY]
+    elif key == "@resume" and len(s.resume) < 16:
+        kind = ("fresh" if "will start from random" in text else "start" if "Starting training loop" in text
+                else "saved" if "successfully saved" in text else "loaded")
+        m = _LOADED_AT.search(text)
+        if kind != "saved" or not any(k == "saved" for _, _, k, _ in s.resume):
+            s.resume.append((file, line, kind, int(m.group(1)) if m else None))
     elif key == "@overflow":
         s.count("overflow_steps")
         m = _NEW_SCALE.search(text)

@@ -87,12 +87,44 @@ def round_up_world(seen: Optional[int], cfg: Optional[RunConfig]) -> Optional[in
     return -(-seen // step) * step
 
 
+def mcore_validator(db: Database, base: Optional[RunConfig]):
+    """A Context.validator backed by megatron-core's own config checks (config/mcore.py), or None
+    where megatron-core is not installed. What MCore already refuses in ``base`` (the failed
+    run's config) is not held against a candidate: only what the change brings."""
+    try:
+        from ..config import mcore
+        if mcore.version() is None:
+            return None
+    except ImportError:
+        return None
+
+    def refusals(cfg: RunConfig) -> list:
+        try:
+            return [r.line for r in mcore.validate(cfg, db) if not r.environment]
+        except mcore.MCoreUnavailable:
+            return []
+
+    known = set(refusals(base)) if base is not None else set()
+
+    def validator(cfg: RunConfig) -> Optional[str]:
+        new = [x for x in refusals(cfg) if x not in known]
+        return new[0] if new else None
+    return validator
+
+
 def context_from_report(report: Report, world_size: Optional[int] = None, gpu: Optional[str] = None,
-                        gpu_memory_gb: Optional[float] = None) -> Context:
+                        gpu_memory_gb: Optional[float] = None, db: Optional[Database] = None,
+                        bridge_version: Optional[str] = None, base_dir=None) -> Context:
+    from . import resume as RS
+
     rc = report.root_cause
     caps = dict(rc.hit.captures) if rc else {}
     failed = from_log_blocks(report.structure.config_blocks) if report.structure else None
     ctx = Context(world_size=world_size, gpu=gpu, gpu_memory_gb=gpu_memory_gb, captures=caps, failed_cfg=failed)
+    if report.config is not None:
+        ctx.resume = RS.read(report.config, report.structure, bridge_version, base_dir)
+    if db is not None:
+        ctx.validator = mcore_validator(db, report.config)
     if ctx.world_size is None and report.config is not None:
         w = report.config.get("mlm.world_size")
         if isinstance(w, int) and w > 0:
@@ -101,6 +133,7 @@ def context_from_report(report: Report, world_size: Optional[int] = None, gpu: O
         ctx.world_size = round_up_world(world_from_log(report), report.config)
         ctx.world_inferred = ctx.world_size is not None
     if rc is not None and rc.finding.signature.category == "cuda_oom":
+        ctx.oom = True
         cap = caps.get("capacity_size_bytes")
         if cap and ctx.gpu_memory_gb is None and gpu is None:
             ctx.gpu_memory_gb = cap / 1e9

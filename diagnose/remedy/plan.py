@@ -22,13 +22,11 @@ from typing import Any, Callable, Optional
 from .. import predicate as P
 from ..config.runconfig import RunConfig
 from ..model import Edit, Fix, Signature
+from . import offload_curve
+from . import resume as RS
 from .edits import apply_edit, format_value, override
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer-offload fractions tried, lowest first
-# The seed's measured iteration-time factors (Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100):
-# baseline 996 ms; 25% 1871 ms; 50% 2484 ms; 75% 3187 ms; 100% 4189 ms; 100% + overlap 3877 ms.
-SLOWDOWN = ((0.0, 1.0), (0.25, 1.9), (0.5, 2.5), (0.75, 3.2), (1.0, 4.2))
-SLOWDOWN_OVERLAP_FULL = 3.9
 
 _MISSING = object()
 DELETE = "__delete__"
@@ -44,18 +42,8 @@ def gb(x: float) -> str:
 
 
 def slowdown(fraction: float, overlap: bool = False) -> float:
-    """Iteration-time factor of optimizer offload at ``fraction`` (linear between measured points)."""
-    f = min(max(float(fraction), 0.0), 1.0)
-    pts = SLOWDOWN
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= f <= x1:
-            y = y0 + (y1 - y0) * (f - x0) / (x1 - x0)
-            break
-    else:  # pragma: no cover
-        y = pts[-1][1]
-    if overlap and f > 0:
-        y *= SLOWDOWN_OVERLAP_FULL / SLOWDOWN[-1][1]  # measured at 100% only: ~7% faster
-    return round(y, 2)
+    """Iteration-time factor of optimizer offload at ``fraction``: remedy/offload_curve.py."""
+    return offload_curve.factor(fraction, overlap)
 
 
 # --- context and results ---------------------------------------------------------------------
@@ -71,6 +59,11 @@ class Context:
     failed_cfg: Optional[RunConfig] = None  # the config of the run that failed (from its log)
     observed_need_gb: Optional[float] = None  # at least this much was needed (OOM line)
     world_inferred: bool = False  # world_size read from the ranks a log shows (a lower bound, rounded up)
+    resume: Optional[RS.Resume] = None  # what the next run loads (remedy/resume.py); None: not known
+    # proves a candidate config before it is shown: megatron-core's own checks (config/mcore.py)
+    # where it is installed; returns why MCore refuses it, or None
+    validator: Optional[Callable[[RunConfig], Optional[str]]] = None
+    oom: bool = False  # the failed run died of a CUDA OOM
 
 
 @dataclass
@@ -134,7 +127,7 @@ class Effect:
         elif self.after is not None:
             parts.append(f"memory per GPU {gb(self.after.peak_gb)} of {gb(self.after.capacity_gb)}")
         if self.slowdown is not None:
-            parts.append(f"iteration time x{self.slowdown:.1f} (seed's measured optimizer-offload curve)")
+            parts.append(f"iteration time x{self.slowdown:.1f} from optimizer offload ({offload_curve.SCOPE})")
         if not parts and self.text:
             parts.append(self.text)
         return "; ".join(parts) if parts else "not estimated"
@@ -423,64 +416,181 @@ def _fitting(cfg, ctx, changes) -> Optional[Estimate]:
     return e if e.fits_with_margin else None
 
 
+# --- search, then prove: layouts and offload settings ----------------------------------------
+@dataclass
+class Candidate:
+    changes: list
+    pp: int
+    fraction: Optional[float]  # None: no optimizer offload
+    estimate: Estimate
+    time: float  # predicted iteration time, as a factor of the failed run's
+    why_time: str
+
+    def label(self) -> str:
+        off = "no optimizer offload" if self.fraction is None else f"{int(self.fraction * 100)}% optimizer offload"
+        return f"PP{self.pp} + {off}"
+
+
+def pipeline_bubble(cfg: RunConfig, world: int) -> Optional[float]:
+    """The 1F1B schedule's time over a bubble-free one: (m + (PP - 1) / VPP) / m, m the
+    micro-batches per pipeline (global batch / (micro batch x DP)). None when the batch is unknown."""
+    lay = layout(cfg, world)
+    gbs, mbs = _get(cfg, "train.global_batch_size"), _get(cfg, "train.micro_batch_size")
+    if not (lay["dp"] and gbs and mbs):
+        return None
+    m = int(gbs) // (int(mbs) * lay["dp"])
+    if m < 1:
+        return None
+    vp = _int(cfg, "model.virtual_pipeline_model_parallel_size", 1) or 1
+    return (m + (lay["pp"] - 1) / vp) / m
+
+
+def predicted_time(before: RunConfig, after: RunConfig, world: int) -> tuple[float, str]:
+    """The iteration time of ``after`` as a factor of ``before``'s: the pipeline bubble (the
+    work per GPU is the same at any PP on the same GPUs) times the optimizer-offload curve."""
+    def off(c):
+        if c.get("optimizer.optimizer_cpu_offload") is not True:
+            return 1.0
+        return slowdown(float(_get(c, "optimizer.optimizer_offload_fraction", 0.0)),
+                        bool(c.get("optimizer.overlap_cpu_optimizer_d2h_h2d")))
+    b0, b1 = pipeline_bubble(before, world), pipeline_bubble(after, world)
+    bubble = (b1 / b0) if (b0 and b1) else 1.0
+    o0, o1 = off(before), off(after)
+    parts = []
+    if b0 and b1 and abs(bubble - 1) > 1e-3:
+        parts.append(f"pipeline bubble x{bubble:.2f}")
+    if o1 != o0:
+        parts.append(f"optimizer offload x{o1 / o0:.2f} ({offload_curve.SCOPE})")
+    return bubble * o1 / o0, ", ".join(parts) or "same schedule"
+
+
+def _pp_changes(cfg: RunConfig, pp: int) -> list:
+    """PP set to ``pp``, with the virtual pipeline kept only where it still divides the layers."""
+    out = [("model.pipeline_model_parallel_size", pp)]
+    vp, layers = _get(cfg, "model.virtual_pipeline_model_parallel_size"), _get(cfg, "model.num_layers")
+    if vp and (pp == 1 or (layers and int(layers) % (pp * int(vp)))):
+        out.append(("model.virtual_pipeline_model_parallel_size", None))
+    return out
+
+
+def prove(cfg: RunConfig, after: RunConfig, ctx: Context, world: Optional[int], mcore: bool = True) -> Optional[str]:
+    """Why ``after`` must not be written (None: it may): the layout arithmetic, what the next run
+    resumes, optimizer offload on a fine-tune, and (``mcore``) megatron-core's own checks."""
+    if world:
+        bad = valid_layout(after, world, _int(after, "model.tensor_model_parallel_size"),
+                           _int(after, "model.pipeline_model_parallel_size"))
+        if bad:
+            return bad
+    if ctx.resume is not None:
+        why = RS.blocks(ctx.resume, cfg, after) or RS.blocks_offload(ctx.resume, after)
+        if why:
+            return why
+    if mcore and ctx.validator is not None:
+        why = ctx.validator(after)
+        if why:
+            return f"megatron-core refuses it: {why}"
+    return None
+
+
+def search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list) -> tuple[Candidate, str]:
+    """Every (PP, optimizer-offload fraction) of ``pps`` x ``fractions`` (None: no offload) on
+    top of ``base``: keep those that pass ``prove`` and fit by the memory model, return the one
+    with the lowest predicted iteration time (then the smallest PP), and the search's account."""
+    world = _world(ctx)
+    found, rejected = [], []
+    # the failed run died of an OOM that the (uncalibrated) memory model says fits: then only a
+    # setting predicted to need less than the failed one can be trusted to fit
+    ceiling = None
+    if ctx.oom:
+        e0 = _est(cfg, ctx)
+        if e0.fits_with_margin and not e0.calibrated:
+            ceiling = e0.peak_gb
+    for pp in pps:
+        for f in fractions:
+            ch = list(base) + _pp_changes(cfg, pp)
+            if f is None:
+                if any(k == "optimizer.optimizer_cpu_offload" and v is True for k, v in ch) or \
+                        (cfg.get("optimizer.optimizer_cpu_offload") is True and
+                         not any(k == "optimizer.optimizer_cpu_offload" for k, _ in ch)):
+                    ch = [(k, v) for k, v in ch if not k.startswith("optimizer.optimizer_")]
+                    ch.append(("optimizer.optimizer_cpu_offload", False))
+            else:
+                ch = _offload_on(ch, cfg) + [("optimizer.optimizer_offload_fraction", f)]
+            after = with_changes(cfg, ch)
+            name = f"PP{pp}" + ("" if f is None else f" + {int(f * 100)}%")
+            why = prove(cfg, after, ctx, world, mcore=False)  # the cheap checks first
+            if why is None:
+                e = _est(after, ctx)
+                if not e.fits_with_margin:
+                    rejected.append(f"{name}: {gb(e.peak_gb)} does not fit {gb(e.capacity_gb - e.margin_gb)}")
+                    continue
+                if ceiling is not None and e.peak_gb >= ceiling:
+                    rejected.append(f"{name}: {gb(e.peak_gb)}, not less than the run that died of the OOM "
+                                    f"({gb(ceiling)} by the same model)")
+                    continue
+                why = ctx.validator(after) if ctx.validator is not None else None
+                why = why and f"megatron-core refuses it: {why}"
+            if why is not None:
+                rejected.append(f"{name}: {why}")
+                continue
+            t, why_t = predicted_time(cfg, after, world)
+            found.append(Candidate(ch, pp, f, e, t, why_t))
+            break  # a higher fraction at this PP is only slower
+    if not found:
+        raise NoFix("no layout or offload setting passes: " + "; ".join(_uniq(rejected)[:6]))
+    found.sort(key=lambda c: (round(c.time, 3), c.pp, c.fraction or 0.0))
+    best = found[0]
+    text = (f"searched {len(found) + len(rejected)} settings, {len(found)} fit and pass: {best.label()} "
+            f"({gb(best.estimate.peak_gb)} of {gb(best.estimate.capacity_gb)}; predicted iteration time "
+            f"x{best.time:.2f}: {best.why_time})")
+    if len(found) > 1:
+        text += "; next: " + ", ".join(f"{c.label()} x{c.time:.2f}" for c in found[1:3])
+    if rejected:
+        text += "; rejected: " + "; ".join(_uniq(rejected)[:3])
+    return best, text
+
+
+def _uniq(items: list) -> list:
+    seen, out = set(), []
+    for i in items:
+        key = i.split(": ", 1)[-1]
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
+
+
 @computed("add_pp")
 def add_pp(cfg, ctx, base):
-    """The smallest PP above the current one that divides the layers, the batch and the world and
-    fits; with optimizer offload on, at the lowest fraction (not below the current) that fits there."""
+    """A larger PP that divides the layers, the batch and the world and fits; with optimizer
+    offload on, at the current fraction or a higher one; the cheapest by predicted time."""
     world = _world(ctx)
     if cfg.get("model.cpu_offloading") is True and not any(k == "model.cpu_offloading" for k, _ in base):
         raise NoFix("activation offload (model.cpu_offloading) needs PP=1; switch to optimizer offload first")
     lay = layout(cfg, world)
-    offload = cfg.get("optimizer.optimizer_cpu_offload") is True
-    cur = float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0)) if offload else 0.0
-    why = []
-    for pp in range(lay["pp"] + 1, world + 1):
-        if valid_layout(cfg, world, lay["tp"], pp):
-            continue
-        ch = base + [("model.pipeline_model_parallel_size", pp)]
-        e = _est(with_changes(cfg, ch), ctx)
-        if e.fits:
-            return ch, (f"smallest PP above {lay['pp']} that divides the layers and {world} GPUs and fits: "
-                        f"PP{pp} ({gb(e.peak_gb)} of {gb(e.capacity_gb)})")
-        if offload:
-            try:
-                f, e2 = _lowest_fraction(cfg, ctx, ch, above=cur)
-            except NoFix:
-                why.append(f"PP{pp}: {gb(e.peak_gb)}")
-                continue
-            return ch + [("optimizer.optimizer_offload_fraction", f)], \
-                (f"smallest PP above {lay['pp']} that divides the layers and {world} GPUs and fits: PP{pp}, with "
-                 + _fraction_reason(f, e2, cfg))
-        why.append(f"PP{pp}: {gb(e.peak_gb)}")
-    raise NoFix("no larger pipeline size fits with the memory model's margin" + (f" ({', '.join(why)})" if why else
-                f" (none divides the layers, the batch and {world} GPUs)"))
+    if cfg.get("optimizer.optimizer_cpu_offload") is True:
+        cur = float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0))
+        fractions = [f for f in FRACTIONS if f >= cur - 1e-9]
+    else:
+        fractions = [None]
+    best, text = search(cfg, ctx, base, list(range(lay["pp"] + 1, world + 1)), fractions)
+    return best.changes, text
 
 
 @computed("pp_and_optimizer_offload")
 def pp_and_optimizer_offload(cfg, ctx, base):
+    """Activation offload off; then the cheapest of: any PP that divides the layout (the current
+    one included), without optimizer offload first, then at the lowest fraction that fits."""
     world = _world(ctx)
     base = list(base)
     if not any(k == "model.cpu_offloading" for k, _ in base):
         base.append(("model.cpu_offloading", False))
     if _int(cfg, "model.cpu_offloading_num_layers", 0):
         base.append(("model.cpu_offloading_num_layers", 0))
-    base = _offload_on(base, cfg)
+    base = [(k, v) for k, v in base if not k.startswith("optimizer.")]
     lay = layout(cfg, world)
-    why = []
-    for pp in range(max(2, lay["pp"]), world + 1):
-        if valid_layout(cfg, world, lay["tp"], pp):
-            continue
-        ch = base + [("model.pipeline_model_parallel_size", pp)]
-        try:
-            f, e = _lowest_fraction(cfg, ctx, ch)
-        except NoFix as exc:
-            why.append(f"PP{pp}: {exc}")
-            continue
-        return ch + [("optimizer.optimizer_offload_fraction", f)], \
-            (f"smallest PP that divides {_get(cfg, 'model.num_layers', '?')} layers and {world} GPUs and fits: "
-             f"PP{pp} (DP{world // (lay['tp'] * pp * lay['cp'])}); " + _fraction_reason(f, e, cfg))
-    raise NoFix("no pipeline size with optimizer offload fits" + (f": {'; '.join(why[:3])}" if why else
-                f" (none divides the layers, the batch and {world} GPUs)"))
+    best, text = search(cfg, ctx, base, list(range(max(1, lay["pp"]), world + 1)), [None, *FRACTIONS])
+    return best.changes, text
 
 
 def _nearest(cands: list[int], cur: int) -> list[int]:
@@ -644,6 +754,22 @@ def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Contex
     if out.edits:
         out.effect = effect_of(cfg, out.edits, ctx)
     return out
+
+
+def rebase(p: Plan, target: Optional[RunConfig]) -> Plan:
+    """The plan's edits against ``target`` (the file that will be written), where it was planned on
+    another config (the one the failed run printed): a value the file already has is no change,
+    so running --fix again with the same log changes nothing."""
+    if target is None:
+        return p
+    for pf in p.fixes:
+        for e in pf.edits:
+            e.old = target.get(e.key, _MISSING)
+        pf.already_applied = not any(e.changes for e in pf.edits)
+    for r in p.refused:
+        for e in r.edits:
+            e.old = target.get(e.key, _MISSING)
+    return p
 
 
 def effect_of(cfg: RunConfig, edits: list, ctx: Context) -> Effect:
