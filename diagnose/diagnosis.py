@@ -67,15 +67,22 @@ def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
                     structure=res.structure, notes=list(res.notes), bytes_read=res.bytes_read,
                     lines_read=res.lines_read, seconds=res.seconds)
     if differ:
+        differ.sort(key=lambda d: (d[0] not in IDENTITY, d[0]))  # the model's identity first
         shown = "; ".join(f"{k}: {_short(a)} in the file, {_short(b)} in the run" for k, a, b in differ[:4])
         more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
+        other = " (another model: is it this job's config?)" if differ[0][0] in IDENTITY else ""
         report.notes.append(f"{config.source or 'the config given'} differs from the config the run printed in "
-                            f"{len(differ)} key(s): {shown}{more}; the run's values are used")
+                            f"{len(differ)} key(s){other}: {shown}{more}; the run's values are used")
     if root is not None and cfg is not None:
         _computed_overrides(report, root)
     report.metrics = metrics  # type: ignore[attr-defined]
     report.engine = res.engine  # type: ignore[attr-defined]
     return report
+
+
+# keys that name the model: a file and a log that differ in these are two different jobs
+IDENTITY = ("model.hf_model_id", "model.num_layers", "model.hidden_size", "model.num_attention_heads",
+            "model.num_moe_experts", "model.vocab_size", "model.ffn_hidden_size")
 
 
 def _short(v) -> str:

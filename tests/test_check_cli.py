@@ -257,3 +257,11 @@ def test_no_internal_error_on_arbitrary_override_values(db, tmp_path):
         assert isinstance(res["findings"], list)
 
     prop()
+
+
+def test_bridge_0_6_dataset_seq_length_is_a_known_key(run_cli, tmp_path):
+    """Megatron-Bridge 0.6's GPTDatasetConfig dumps dataset.seq_length (issue 12, item 7)."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("dataset:\n  seq_length: 4096\nmodel:\n  num_layers: 4\n")
+    code, out, err = run_cli("check", str(cfg))
+    assert "unknown key" not in err and code == 0, err

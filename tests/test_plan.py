@@ -283,3 +283,32 @@ def test_cli_json_plan(tmp_path):
     assert doc["root_cause"]["signature"] == "MB-OFF-002" and doc["plan"]["status"] == "ok"
     assert doc["plan"]["fixes"][0]["safety"] == "safe" and doc["written"] is False
     assert doc["plan"]["fixes"][0]["predicted"]["after"]["fits"] is True
+
+
+@pytest.mark.parametrize("case", ["activation_offload_pp1_oom", "partial_optimizer_offload_oom",
+                                  "offload_fraction_zero_oom"])
+def test_cli_fix_twice_is_one_change_and_one_backup(tmp_path, case):
+    """The second --fix with the same log plans from the config the run printed, finds the file
+    already has the fix, and writes nothing (no second backup, no fraction raised again)."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(SEED / f"qwen3_30b_a3b_{case}.yaml", cfg)
+    args = [str(SEED / f"qwen3_30b_a3b_{case}.log"), "--fix", str(cfg), "--unsafe-fixes"]
+    r1 = _cli(*args, cwd=tmp_path)
+    assert r1.returncode == 0 and "rewrote" in r1.stderr, r1.stderr
+    once = cfg.read_text()
+    r2 = _cli(*args, cwd=tmp_path)
+    assert r2.returncode == 0, r2.stderr
+    assert "already has the fix; nothing changed" in r2.stderr and "differs from the config the run printed" in r2.stderr
+    assert cfg.read_text() == once
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml", "cfg.yaml.bak"]
+
+
+def test_cli_says_when_the_file_is_not_the_runs_config(tmp_path):
+    """Another job's config given with the seed's log: the run's printed values are used, and said."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(REPO / "fixtures" / "configs" / "seed_activation_offload_pp1.yaml", cfg)
+    r = _cli(str(SEED / "qwen3_30b_a3b_activation_offload_pp1_oom.log"), "--fix", str(cfg), "--unsafe-fixes",
+             "--dry-run", cwd=tmp_path)
+    assert "differs from the config the run printed" in r.stderr and "(another model: is it this job's config?)" in r.stderr
+    assert "model.num_layers: 32 in the file, 48 in the run" in r.stderr
+    assert "+  pipeline_model_parallel_size: 2" in r.stdout  # planned for the run's 48-layer MoE, written to the file

@@ -103,7 +103,14 @@ def _kwargs(klass, section: Optional[dict]) -> dict:
     for k, v in (section or {}).items():
         if k not in names:
             continue
-        if isinstance(v, dict):  # a serialized object Bridge rebuilds (enum, partial): leave the default
+        if isinstance(v, dict):
+            # Bridge dumps a torch attribute as {_target_: torch.bfloat16, _call_: false}: the
+            # attribute itself; any other serialized object (enum, partial): leave the default
+            target = v.get("_target_")
+            if v.get("_call_") is False and isinstance(target, str) and target.startswith("torch."):
+                conv = _convert(target)
+                if conv is not target:
+                    out[k] = conv
             continue
         out[k] = _convert(v)
     return out

@@ -601,14 +601,32 @@ def _nearest(cands: list[int], cur: int) -> list[int]:
     return below + above
 
 
+def _companions(cfg: RunConfig, key: str, value: int) -> list:
+    """The settings a parallel size drags along: PP=1 has no virtual pipeline (and a VPP that no
+    longer divides the layers goes), TP=1 has no sequence parallelism (MCore raises
+    "Cannot use sequence parallelism without tensor parallelism")."""
+    if key == "model.pipeline_model_parallel_size":
+        return _pp_changes(cfg, value)
+    out = [(key, value)]
+    if key == "model.tensor_model_parallel_size" and value == 1 and cfg.get("model.sequence_parallel") is True:
+        out.append(("model.sequence_parallel", False))
+    return out
+
+
 def _try_parallel(cfg, ctx, base, key: str, cands: list[int], cur: int, what: str):
     mm = memory_model()
+    world = _world(ctx)
     why = []
     for c in _nearest(cands, cur):
-        ch = base + [(key, c)]
+        ch = base + _companions(cfg, key, c)
+        after = with_changes(cfg, ch)
+        bad = prove(cfg, after, ctx, world)
+        if bad:
+            why.append(f"{what}{c}: {bad}")
+            continue
         if mm is not None:
             try:
-                e = _est(with_changes(cfg, ch), ctx)
+                e = _est(after, ctx)
             except NoFix:
                 e = None
             if e is not None and not e.fits_with_margin:
@@ -618,31 +636,52 @@ def _try_parallel(cfg, ctx, base, key: str, cands: list[int], cur: int, what: st
         else:
             mem = " (memory not checked: no memory model)"
         return ch, f"nearest {what} to {cur} that divides the layout: {what}{c}{mem}"
-    raise NoFix(f"no {what} divides the layout and fits" + (f" ({', '.join(why)})" if why else ""))
+    raise NoFix(f"no {what} divides the layout and fits" + (f" ({'; '.join(_uniq(why)[:3])})" if why else ""))
+
+
+def _layout_candidates(cfg, world: int, what: str, check) -> tuple[list, list]:
+    """The divisors of the world size that pass the layout arithmetic, and why the others do not."""
+    ok, why = [], []
+    for c in _divisors(world):
+        bad = check(c)
+        if bad:
+            why.append(f"{what}{c}: {bad}")
+        else:
+            ok.append(c)
+    return ok, why
+
+
+def _divisor_fix(cfg, ctx, base, key: str, what: str, cur: int, check):
+    world = _world(ctx)
+    cands, why = _layout_candidates(cfg, world, what, check)
+    cands = [c for c in cands if c != cur]
+    if not cands:
+        raise NoFix(f"no {what} divides the layout of {world} GPUs: " + "; ".join(_uniq(why)[:4]))
+    return _try_parallel(cfg, ctx, base, key, cands, cur, what)
 
 
 @computed("divisor_pp")
 def divisor_pp(cfg, ctx, base):
     world = _world(ctx)
     lay = layout(cfg, world)
-    cands = [pp for pp in _divisors(world) if not valid_layout(cfg, world, lay["tp"], pp)]
-    return _try_parallel(cfg, ctx, base, "model.pipeline_model_parallel_size", cands, lay["pp"], "PP")
+    return _divisor_fix(cfg, ctx, base, "model.pipeline_model_parallel_size", "PP", lay["pp"],
+                        lambda pp: valid_layout(cfg, world, lay["tp"], pp))
 
 
 @computed("divisor_tp")
 def divisor_tp(cfg, ctx, base):
     world = _world(ctx)
     lay = layout(cfg, world)
-    cands = [tp for tp in _divisors(world) if not valid_layout(cfg, world, tp, lay["pp"])]
-    return _try_parallel(cfg, ctx, base, "model.tensor_model_parallel_size", cands, lay["tp"], "TP")
+    return _divisor_fix(cfg, ctx, base, "model.tensor_model_parallel_size", "TP", lay["tp"],
+                        lambda tp: valid_layout(cfg, world, tp, lay["pp"]))
 
 
 @computed("divisor_ep")
 def divisor_ep(cfg, ctx, base):
     world = _world(ctx)
     lay = layout(cfg, world)
-    cands = [ep for ep in _divisors(world) if not valid_layout(cfg, world, lay["tp"], lay["pp"], ep=ep)]
-    return _try_parallel(cfg, ctx, base, "model.expert_model_parallel_size", cands, lay["ep"], "EP")
+    return _divisor_fix(cfg, ctx, base, "model.expert_model_parallel_size", "EP", lay["ep"],
+                        lambda ep: valid_layout(cfg, world, lay["tp"], lay["pp"], ep=ep))
 
 
 # --- planning ----------------------------------------------------------------------------------
@@ -731,6 +770,10 @@ def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Contex
                     changes, reason = fn(work, ctx, changes)
             except NoFix as exc:
                 reasons.append(f"{fix.text.split('.')[0]}: {exc}")
+                continue
+            bad = prove(work, with_changes(work, changes), ctx, ctx.world_size) if changes else None
+            if bad:  # every fix is proved before it is shown: refused with the reason
+                reasons.append(f"{fix.text.split('.')[0]}: {bad}")
                 continue
             edits = _planned(work, changes)
             if not any(e.changes for e in edits) and _same_in(ctx.failed_cfg, changes):

@@ -1,0 +1,253 @@
+"""Tricky configs: every plan is proved by real megatron-core objects, or refused with a reason.
+
+Each case is a config (the seed's Qwen3-30B-A3B run_config, or the tiny GPT job, with a twist),
+a log (real error text: torch's OOM line, MCore's and Bridge's messages, Bridge's checkpoint
+lines) and a world size. The planner runs as ``--fix --unsafe-fixes`` would. Whatever it
+plans must pass, checked here independently of the planner:
+
+- the layout arithmetic (TP x PP x CP divides the world, layers, experts, heads, the batch);
+- megatron-core 0.16.1's own TransformerConfig and OptimizerConfig, built from the planned
+  config (diagnose/config/mcore.py), with nothing refused that the run's config did not
+  already have;
+- the memory model: the planned config fits;
+- the checkpoint: what the next run resumes can be loaded into it (remedy/resume.py).
+
+A case whose plan cannot pass must be refused (or "no fix") with the reason said.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from diagnose.config.runconfig import RunConfig
+from diagnose.db import load
+from diagnose.diagnosis import diagnose_text
+from diagnose.remedy import causes as C
+from diagnose.remedy import plan as PL
+from diagnose.remedy import resume as RS
+
+mcore = pytest.importorskip("diagnose.config.mcore")
+if mcore.version() is None:  # pragma: no cover - the tests install megatron-core
+    pytest.skip("needs megatron-core (pip install -e '.[mcore]')", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = yaml.safe_load((REPO / "fixtures/logs/seed/qwen3_30b_a3b_activation_offload_pp1_oom.yaml").read_text())
+TINY = yaml.safe_load((REPO / "fixtures/jobs/tiny_gpt_pp_offload.yaml").read_text())
+
+OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity "
+       "of 79.11 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.87 GiB memory in "
+       "use. Of the allocated memory 70.30 GiB is allocated by PyTorch, and 6.12 GiB is reserved by PyTorch but "
+       "unallocated.")
+PP_OFFLOAD = "[rank0]: ValueError: Currently there is no support for Pipeline parallelism with CPU offloading"
+FRESH = "Starting training loop at iteration 0"
+RESUMED = ("  successfully loaded checkpoint from /ckpt/qwen3 [ t 0/2, p 0/1 ] at iteration 500\n"
+           "Starting training loop at iteration 500")
+LAYERS_PP = ("[rank0]: AssertionError: num_layers=30 should be divisible by config.pipeline_model_parallel_size=4")
+HEADS_TP = "[rank0]: ValueError: num_attention_heads (3) must be a multiple of tensor_model_parallel_size (2)."
+
+
+@pytest.fixture(scope="module")
+def db():
+    return load()
+
+
+def seed(**changes) -> dict:
+    d = copy.deepcopy(SEED)
+    for key, value in changes.items():
+        cur = d
+        parts = key.split("__")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = value
+    return d
+
+
+def tiny(**changes) -> dict:
+    d = copy.deepcopy(TINY)
+    for key, value in changes.items():
+        sec, k = key.split("__")
+        d.setdefault(sec, {})[k] = value
+    return d
+
+
+RESUME = {"checkpoint__load": "/ckpt/qwen3", "checkpoint__save": "/ckpt/qwen3", "checkpoint__load_optim": True}
+# (id, config, log, world, bridge version, expected: "plan" | "refused" | None (either, proved))
+CASES = [
+    ("seed-16-fresh", seed(), f"{FRESH}\n{OOM}", 16, None, "plan"),
+    ("seed-8-fresh", seed(), f"{FRESH}\n{OOM}", 8, None, "plan"),
+    ("seed-4-fresh-nothing-fits", seed(), f"{FRESH}\n{OOM}", 4, None, "refused"),
+    ("seed-resumed-dp-reshardable", seed(**RESUME), f"{RESUMED}\n{OOM}", 16, None, "plan"),
+    ("seed-resumed-fully-reshardable", seed(**RESUME, checkpoint__dist_ckpt_optim_fully_reshardable=True),
+     f"{RESUMED}\n{OOM}", 16, None, "plan"),
+    ("seed-resumed-finetune", seed(**RESUME, checkpoint__finetune=True), f"{RESUMED}\n{OOM}", 16, None, "plan"),
+    ("seed-resumed-no-load-optim", seed(**{**RESUME, "checkpoint__load_optim": False}), f"{RESUMED}\n{OOM}", 16, None, "plan"),
+    ("seed-load-dir-unknown", seed(**RESUME), OOM, 16, None, None),
+    ("seed-finetune-8-bridge-unknown", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
+     None, "refused"),
+    ("seed-finetune-8-bridge-0.5.1", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
+     "0.5.1", "refused"),
+    ("seed-finetune-8-bridge-0.6.0", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
+     "0.6.0", "plan"),
+    ("seed-finetune-16-no-offload-needed", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 16,
+     None, "plan"),
+    ("seed-ep-a2a-overlap-no-vpp", seed(model__overlap_moe_expert_parallel_comm=True,
+                                        model__moe_token_dispatcher_type="alltoall", model__bf16=True),
+     f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-account-for-embedding-and-loss", seed(model__account_for_embedding_in_pipeline_split=True,
+                                                 model__account_for_loss_in_pipeline_split=True),
+     f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-uneven-first-last-stage", seed(model__num_layers_in_first_pipeline_stage=11,
+                                          model__num_layers_in_last_pipeline_stage=13),
+     f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-fp8-hybrid", seed(model__fp8="hybrid", model__fp8_recipe="delayed"), f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-precision-aware-optimizer", seed(optimizer__use_precision_aware_optimizer=True, optimizer__bf16=True,
+                                            model__bf16=True),
+     f"{FRESH}\n{OOM}", 8, None, None),
+    ("seed-overlap-d2h-h2d", seed(optimizer__overlap_cpu_optimizer_d2h_h2d=True), f"{FRESH}\n{OOM}", 8, None, "plan"),
+    ("seed-gbs-not-divisible-at-pp2", seed(train__global_batch_size=12, train__micro_batch_size=1),
+     f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-cp2", seed(model__context_parallel_size=2), f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-etp2", seed(model__expert_tensor_parallel_size=2), f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-h200", seed(), f"{FRESH}\n" + OOM.replace("79.11 GiB", "139.81 GiB"), 8, None, None),
+    ("seed-no-distopt-resumed", seed(**RESUME, optimizer__use_distributed_optimizer=False,
+                                     ddp__use_distributed_optimizer=False),
+     f"{RESUMED}\n{OOM}", 8, None, None),
+    ("tiny-pp2-activation-offload", tiny(), PP_OFFLOAD, 2, None, "plan"),
+    ("tiny-pp2-activation-offload-vpp2", tiny(model__virtual_pipeline_model_parallel_size=2, model__num_layers=4),
+     PP_OFFLOAD, 2, None, None),
+    ("tiny-pp2-offload-resumed", tiny(checkpoint__load="/ckpt/tiny"), f"{RESUMED}\n{PP_OFFLOAD}", 2, None, None),
+    ("tiny-layers-not-divisible-by-pp", tiny(model__num_layers=30, model__pipeline_model_parallel_size=4,
+                                             model__cpu_offloading=False),
+     LAYERS_PP, 8, None, None),
+    ("tiny-heads-not-divisible-by-tp-sp", tiny(model__num_attention_heads=3, model__tensor_model_parallel_size=2,
+                                               model__sequence_parallel=True, model__pipeline_model_parallel_size=1,
+                                               model__cpu_offloading=False, train__micro_batch_size=2),
+     HEADS_TP, 2, None, "plan"),
+    ("tiny-heads-tp-batch-cannot-follow", tiny(model__num_attention_heads=3, model__tensor_model_parallel_size=2,
+                                               model__pipeline_model_parallel_size=1, model__cpu_offloading=False),
+     HEADS_TP, 2, None, "refused"),  # TP1 -> DP2: global batch 4 is not micro batch 4 x DP2
+    ("seed-partial-offload-oom", seed(model__cpu_offloading=False, model__pipeline_model_parallel_size=2,
+                                      optimizer__optimizer_cpu_offload=True, optimizer__optimizer_offload_fraction=0.25),
+     f"{FRESH}\n{OOM}", 8, None, None),
+    ("seed-partial-offload-oom-finetune-old-bridge",
+     seed(model__cpu_offloading=False, model__pipeline_model_parallel_size=2, optimizer__optimizer_cpu_offload=True,
+          optimizer__optimizer_offload_fraction=0.25, checkpoint__pretrained_checkpoint="/hf/qwen3"),
+     f"{FRESH}\n{OOM}", 8, "0.5.0", None),
+    ("seed-offload-fraction-zero", seed(model__cpu_offloading=False, model__pipeline_model_parallel_size=2,
+                                        optimizer__optimizer_cpu_offload=True, optimizer__optimizer_offload_fraction=0.0),
+     f"{FRESH}\n{OOM}", 8, None, None),
+    ("seed-pp2-oom-resumed-dp-reshardable", seed(**RESUME, model__cpu_offloading=False,
+                                                 model__pipeline_model_parallel_size=2),
+     f"{RESUMED}\n{OOM}", 8, None, None),
+]
+
+
+def plan_case(db, cfg: dict, log: str, world: int, bridge, tmp_path=None):
+    config = RunConfig(copy.deepcopy(cfg), "case.yaml")
+    report = diagnose_text(log, db, config)
+    ctx = C.context_from_report(report, world, None, None, db, bridge)
+    return report, ctx, PL.plan(C.from_report(report), report.config, ctx, allow_unsafe=True)
+
+
+def refusals(cfg: RunConfig, db) -> set:
+    return {r.line for r in mcore.validate(cfg, db) if not r.environment}
+
+
+def reasons(p: PL.Plan) -> str:
+    return " ".join([why for _, why in p.no_fix] + [r.reason for r in p.refused])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_every_plan_is_proved_or_refused_with_a_reason(db, case):
+    name, cfg, log, world, bridge, expected = case
+    report, ctx, p = plan_case(db, cfg, log, world, bridge)
+    assert report.root_cause is not None, name
+    if p.edits:
+        before = report.config
+        after = PL.with_changes(before, [(e.key, None if e.new == PL.DELETE else e.new) for e in p.edits])
+        tp = int(after.get("model.tensor_model_parallel_size") or 1)
+        pp = int(after.get("model.pipeline_model_parallel_size") or 1)
+        assert PL.valid_layout(after, world, tp, pp) is None, (name, PL.valid_layout(after, world, tp, pp))
+        new = refusals(after, db) - refusals(before, db)
+        assert not new, (name, new)  # megatron-core 0.16.1 builds the planned config
+        est = PL.estimate(after, ctx)
+        assert est.fits, (name, est)
+        res = RS.read(before, report.structure, bridge)
+        assert RS.blocks(res, before, after) is None and RS.blocks_offload(res, after) is None, name
+        assert expected in ("plan", None), (name, p.edits)
+    else:
+        assert p.status in ("no_fix", "unsafe", "applied"), (name, p.status)
+        if p.status != "applied":
+            assert reasons(p).strip(), name  # refused with the reason said
+        assert expected in ("refused", None), (name, reasons(p))
+
+
+def _edits(p):
+    return {e.key: e.new for e in p.edits}
+
+
+def test_resumed_dp_reshardable_checkpoint_keeps_the_layout(db):
+    """A run that resumed its optimizer state saved dp_reshardable (Bridge's default) cannot take
+    a (TP, PP) change: the plan keeps PP1 (optimizer offload there) and says why PP2 is out."""
+    _, ctx, p = plan_case(db, seed(**RESUME), f"{RESUMED}\n{OOM}", 16, None)
+    e = _edits(p)
+    assert "model.pipeline_model_parallel_size" not in e and e["optimizer.optimizer_cpu_offload"] is True
+    assert ctx.resume.loads is True and ctx.resume.optimizer_state
+    assert "dist_ckpt_optim_fully_reshardable" in p.fixes[0].reason and "load_optim=false" in p.fixes[0].reason
+
+
+def test_fully_reshardable_checkpoint_takes_the_layout_change(db):
+    _, _, p = plan_case(db, seed(**RESUME, checkpoint__dist_ckpt_optim_fully_reshardable=True),
+                        f"{RESUMED}\n{OOM}", 16, None)
+    assert _edits(p)["model.pipeline_model_parallel_size"] == 2
+
+
+def test_a_fresh_run_that_died_before_saving_takes_the_layout_change(db):
+    """load = save (the seed's recipe), but the run started at iteration 0 and saved nothing: the
+    next run starts from scratch too, so PP2 is safe."""
+    _, ctx, p = plan_case(db, seed(**RESUME), f"{FRESH}\n{OOM}", 16, None)
+    assert ctx.resume.loads is False and _edits(p)["model.pipeline_model_parallel_size"] == 2
+
+
+def test_finetune_on_old_bridge_refuses_optimizer_offload_with_the_reason(db):
+    _, ctx, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8, "0.5.1")
+    assert not p.edits and "MB-OFF-039" in reasons(p) and "0.6.0" in reasons(p)
+    _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8, "0.6.0")
+    assert _edits(p)["optimizer.optimizer_cpu_offload"] is True
+
+
+def test_ep_a2a_overlap_never_gets_pp_without_vpp(db):
+    _, _, p = plan_case(db, seed(model__overlap_moe_expert_parallel_comm=True, model__moe_token_dispatcher_type="alltoall",
+                                 model__bf16=True), f"{FRESH}\n{OOM}", 16, None)
+    e = _edits(p)
+    if e.get("model.pipeline_model_parallel_size", 1) > 1:
+        assert e.get("model.virtual_pipeline_model_parallel_size")
+    assert "virtual_pipeline_model_parallel_size must be specified" in p.fixes[0].reason if p.fixes else reasons(p)
+
+
+def test_tp_to_one_turns_sequence_parallel_off(db):
+    _, _, p = plan_case(db, tiny(model__num_attention_heads=3, model__tensor_model_parallel_size=2,
+                                 model__sequence_parallel=True, model__pipeline_model_parallel_size=1,
+                                 model__cpu_offloading=False, train__micro_batch_size=2), HEADS_TP, 2, None)
+    e = _edits(p)
+    assert e["model.tensor_model_parallel_size"] == 1 and e["model.sequence_parallel"] is False
+
+
+def test_checkpoints_own_run_config_is_read(db, tmp_path):
+    """The newest iter_*/run_config.yaml in the load folder is the checkpoint's truth."""
+    ckpt = tmp_path / "ckpt"
+    it = ckpt / "iter_0000500"
+    it.mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("500")
+    saved = seed(**RESUME)
+    saved["model"]["pipeline_model_parallel_size"] = 1
+    (it / "run_config.yaml").write_text(yaml.safe_dump(saved))
+    cfg = RunConfig(seed(**{**RESUME, "checkpoint__load": str(ckpt)}))
+    r = RS.read(cfg, SimpleNamespace(resume=[("x", 1, "loaded", 500)], peaks={}))
+    assert r.ckpt_layout == (2, 1) and "iter_0000500" in r.source and r.optimizer_state
+    after = PL.with_changes(cfg, [("model.pipeline_model_parallel_size", 2)])
+    assert "dp_reshardable" in RS.blocks(r, cfg, after)
