@@ -312,3 +312,50 @@ def test_cli_says_when_the_file_is_not_the_runs_config(tmp_path):
     assert "differs from the config the run printed" in r.stderr and "(another model: is it this job's config?)" in r.stderr
     assert "model.num_layers: 32 in the file, 48 in the run" in r.stderr
     assert "+  pipeline_model_parallel_size: 2" in r.stdout  # planned for the run's 48-layer MoE, written to the file
+
+
+def _mlm_args(**args) -> str:
+    """Megatron-LM's arguments dump (arguments.py _print_args): sorted, dots to column 48."""
+    lines = ["------------------------ arguments ------------------------"]
+    for k in sorted(args, key=str.lower):
+        lines.append("  {} {} {}".format(k, "." * (48 - len(k)), args[k]))
+    lines.append("-------------------- end of arguments ---------------------")
+    return "\n".join(lines) + "\n"
+
+
+def test_overrides_for_a_megatron_lm_run_are_its_flags(tmp_path):
+    """A run whose config came from Megatron-LM's arguments dump gets --flags, not Bridge keys."""
+    log = tmp_path / "mlm.log"
+    log.write_text(_mlm_args(num_layers=4, hidden_size=64, num_attention_heads=4, tensor_model_parallel_size=1,
+                             pipeline_model_parallel_size=2, cpu_offloading=True, cpu_offloading_num_layers=1,
+                             use_distributed_optimizer=True, optimizer_cpu_offload=False,
+                             optimizer_offload_fraction=0.0, micro_batch_size=1, global_batch_size=4, world_size=2,
+                             seq_length=64, bf16=True)
+                   + "[rank0]: ValueError: Currently there is no support for Pipeline parallelism with CPU offloading\n")
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    r = _cli(str(log), "--fix", str(cfg), "--overrides", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split()
+    assert "--optimizer-cpu-offload" in out and "--optimizer-offload-fraction" in out
+    assert "(remove --cpu-offloading)" in r.stdout and "model.cpu_offloading" not in r.stdout
+
+
+def test_override_of_a_key_absent_everywhere_gets_a_plus():
+    absent = PL.PlannedEdit("env_vars.NCCL_DEBUG", PL._MISSING, "INFO")
+    known = PL.PlannedEdit("optimizer.optimizer_offload_fraction", PL._MISSING, 0.25)
+    present = PL.PlannedEdit("model.pipeline_model_parallel_size", 1, 2)
+    assert absent.override == "+env_vars.NCCL_DEBUG=INFO"
+    assert known.override == "optimizer.optimizer_offload_fraction=0.25"  # Bridge's ConfigContainer has it
+    assert present.override == "model.pipeline_model_parallel_size=2"
+
+
+def test_a_checkpoints_own_run_config_is_not_edited(tmp_path):
+    it = tmp_path / "ckpt" / "iter_0000500"
+    it.mkdir(parents=True)
+    shutil.copy(SEED / "qwen3_30b_a3b_activation_offload_pp1_oom.yaml", it / "run_config.yaml")
+    before = (it / "run_config.yaml").read_text()
+    r = _cli(str(SEED / "qwen3_30b_a3b_activation_offload_pp1_oom.log"), "--fix", str(it / "run_config.yaml"),
+             "--unsafe-fixes", cwd=tmp_path)
+    assert r.returncode == exitcodes.USAGE and "checkpoint's record" in r.stderr
+    assert (it / "run_config.yaml").read_text() == before and not list(it.glob("*.bak*"))

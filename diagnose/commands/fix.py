@@ -7,6 +7,7 @@ loop); this module reads the options and the project settings, prints, and picks
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -62,11 +63,26 @@ def _planner(db, world_size, gpu, gpu_memory, allow_unsafe, bridge_version=None)
     return planner
 
 
+def _is_mlm(report) -> bool:
+    """The run is a Megatron-LM one: its config came from the ``arguments`` dump it printed."""
+    return bool(report is not None and report.config is not None and "(mlm_args)" in (report.config.source or "")
+                and "(bridge_yaml)" not in (report.config.source or ""))
+
+
+def _checkpoint_record(path: str) -> bool:
+    """``iter_NNNNNNN/run_config.yaml``: a checkpoint's record of the run that saved it."""
+    p = Path(path).resolve()
+    return bool(re.fullmatch(r"iter_\d+", p.parent.name)) or (p.parent.parent / "latest_checkpointed_iteration.txt").is_file()
+
+
 def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launcher_kind, launch_cmd,
             max_attempts, history_path, world_size, gpu, gpu_memory, db, versions, engine, fmt, quiet,
             bridge_version=None) -> int:
     if relaunch and dry_run:
         raise click.UsageError("--dry-run writes nothing, so it cannot be combined with --relaunch")
+    if _checkpoint_record(fix_path):
+        raise click.UsageError(f"{fix_path} is a checkpoint's record of the run that saved it; fix the job's own "
+                               "config (the one it is launched with), not the checkpoint's")
     st = _settings()
     cfg = _load(fix_path)
     snap = _snapshot(fix_path)
@@ -117,8 +133,18 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
 
     code = STATUS_CODE[plan.status]
     if overrides_mode:
-        if plan.overrides:
+        if plan.overrides and _is_mlm(report):
+            flags, missing = plan.mlm_flags()
+            click.echo(" ".join(flags))
+            if missing:
+                _err("diagnose: Megatron-LM has no argument for " + ", ".join(missing) + "; set it in the job", quiet)
+        elif plan.overrides:
             click.echo(" ".join(shlex.quote(o) for o in plan.overrides))
+            env = [o for o in plan.overrides if o.lstrip("+").startswith("env_vars.")]
+            if env:
+                _err("diagnose: env_vars.* needs Megatron-Bridge >= 0.6; on an older Bridge export "
+                     + ", ".join(o.lstrip("+")[len("env_vars."):] for o in env) + " in the job's environment instead",
+                     quiet)
         elif plan.status == "applied":
             _err(f"diagnose: {fix_path} already has the fix; no override needed", quiet)
         return code

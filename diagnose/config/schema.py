@@ -146,6 +146,17 @@ def known(dotted: str) -> bool:
     return key_type(dotted) is not None
 
 
+def declared(dotted: str) -> bool:
+    """A field Bridge's ConfigContainer declares (``section.field``), as opposed to a key under a
+    free-form mapping (``env_vars.NCCL_DEBUG``) or an unknown one: only a declared field can be
+    set by a plain override; anything else must be appended (``+key=value``)."""
+    parts = dotted.split(".")
+    if parts[0] == "model" and len(parts) > 2 and parts[1] == "transformer":
+        parts = ["model", *parts[2:]]
+    keys = schema().get(parts[0])
+    return len(parts) == 2 and isinstance(keys, dict) and parts[1] in keys
+
+
 def _check_type(path: str, t: str, v: Any) -> Optional[str]:
     if v is None or t == "any":
         return None

@@ -97,9 +97,28 @@ class PlannedEdit:
 
     @property
     def override(self) -> str:
+        """Bridge's Hydra grammar: ``key=value``; ``+key=value`` for a key neither the config nor
+        Bridge's ConfigContainer has (OmegaConf refuses to set an absent key in a struct
+        config); ``~key`` to delete."""
         if self.new == DELETE:
             return f"~{self.key}"
-        return override(self.key, self.new)
+        from ..config import schema
+
+        plus = "+" if self.old is _MISSING and not schema.declared(self.key) else ""
+        return plus + override(self.key, self.new)
+
+    def mlm_flag(self) -> Optional[str]:
+        """The Megatron-LM command-line form (``--pipeline-model-parallel-size 2``), or None where
+        Megatron-LM has no argument for the key."""
+        arg = mlm_argument(self.key)
+        if arg is None or self.new == DELETE:
+            return None
+        flag = "--" + arg.replace("_", "-")
+        if isinstance(self.new, bool):
+            return flag if self.new else f"(remove {flag})"
+        if self.new is None:
+            return f"(remove {flag})"
+        return f"{flag} {format_value(self.new)}"
 
     def describe(self) -> str:
         old = "(absent)" if self.old is _MISSING else format_value(self.old)
@@ -181,6 +200,14 @@ class Plan:
     def overrides(self) -> list[str]:
         return [e.override for e in self.edits]
 
+    def mlm_flags(self) -> tuple[list[str], list[str]]:
+        """(Megatron-LM flags, keys Megatron-LM has no argument for)."""
+        flags, missing = [], []
+        for e in self.edits:
+            f = e.mlm_flag()
+            (flags.append(f) if f else missing.append(e.key))
+        return flags, missing
+
     @property
     def status(self) -> str:
         """ok (edits to apply) | applied (already in the config) | unsafe | no_fix | nothing."""
@@ -193,6 +220,18 @@ class Plan:
         if self.no_fix or self.advice:
             return "no_fix"
         return "nothing"
+
+
+def mlm_argument(key: str) -> Optional[str]:
+    """The Megatron-LM argument that writes the Bridge path ``key`` (diagnose/data/mlm_args.yaml,
+    read backwards), or None."""
+    from ..config.runconfig import mlm_map
+
+    for arg, paths in mlm_map().items():
+        for p in (paths if isinstance(paths, list) else [paths]):
+            if p == key:
+                return arg
+    return None
 
 
 # --- config helpers --------------------------------------------------------------------------
