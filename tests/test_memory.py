@@ -74,6 +74,24 @@ def test_host_memory_is_16_bytes_per_offloaded_sharded_param(march):
     assert half.host_gb == pytest.approx(est.host_gb / 2)
 
 
+def test_pinned_host_memory_is_the_fp32_clone_and_the_grads(march):
+    """MCore 0.16.1's HybridDeviceOptimizer pins its FP32 clone always (``.cpu().pin_memory()``)
+    and the grad buffer with pin_cpu_grads; torch's CPU Adam keeps m and v pageable: 8 of the
+    16 bytes are pinned, 4 with pin_cpu_grads=false; pin_cpu_params changes nothing."""
+    on = ("optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=1.0")
+    est = M.estimate(_with(march, *on), world_size=16, gpus_per_node=8)
+    assert est.pinned_gb == pytest.approx(est.host_gb * 8 / 16)
+    no_grads = M.estimate(_with(march, *on, "optimizer.pin_cpu_grads=false"), world_size=16, gpus_per_node=8)
+    assert no_grads.pinned_gb == pytest.approx(est.host_gb * 4 / 16) and no_grads.host_gb == est.host_gb
+    no_params = M.estimate(_with(march, *on, "optimizer.pin_cpu_params=false"), world_size=16, gpus_per_node=8)
+    assert no_params.pinned_gb == est.pinned_gb
+
+
+def test_no_fix_sets_pin_cpu_params(db):
+    """The HybridDeviceOptimizer ignores pin_cpu_params: a fix that sets it changes nothing."""
+    assert not [s.id for s in db.signatures for f in s.fixes for e in f.edits if e.key == "optimizer.pin_cpu_params"]
+
+
 def test_distributed_optimizer_bytes(march):
     no = M.estimate(_with(march, "optimizer.use_distributed_optimizer=false", "ddp.use_distributed_optimizer=false"),
                     world_size=16)

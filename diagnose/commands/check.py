@@ -108,7 +108,8 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
     if host_memory is not None:
         metrics["host_capacity_gb"] = float(host_memory)
     elif est and est.host_gb > 0:
-        notes.append(f"host memory: {est.host_gb:.1f} GB pinned per node for offloaded optimizer states; "
+        notes.append(f"host memory: {est.host_gb:.1f} GB per node for offloaded optimizer states "
+                     f"({est.pinned_gb:.1f} GB of it pinned); "
                      "give --host-memory GB to check it against the node's RAM")
     rcfg = cfg
     if world_size is not None and cfg.get("mlm.world_size") is None:
@@ -213,7 +214,8 @@ def render_text(res: dict, versions_text: str, color: bool) -> str:
         t.add_row("margin (allocator, CUDA context, NCCL)", f"{est.margin_gb:.2f}")
         t.add_row("GPU capacity", f"{est.capacity_gb:.2f}")
         if est.host_gb:
-            t.add_row("pinned host memory per node (offloaded optimizer)", f"{est.host_gb:.1f}")
+            t.add_row("host memory per node (offloaded optimizer)", f"{est.host_gb:.1f}")
+            t.add_row("  of it pinned (FP32 clone, grads)", f"{est.pinned_gb:.1f}")
         c.print(t)
         verdict = ("[bold green]fits[/]" if est.fits else "[bold red]does NOT fit[/]")
         c.print(f"Verdict: {verdict}: peak {est.peak_gb:.1f} + margin {est.margin_gb:.1f} "

@@ -17,7 +17,10 @@ Bytes per parameter (bf16 params, fp32 grads, fp32 master + Adam m, v)
         the HybridDeviceOptimizer keeps the FP32 master shard on the GPU and moves Adam m, v of
         the offloaded fraction to the host. shard = DP·CP for dense parameters and
         DP·TP·CP/(EP·ETP) = world/(PP·EP·ETP) for experts (Bridge's _bytes_per_parameter).
-  host  16·f per sharded parameter (pinned FP32 clone 4 + m, v 8 + pinned grad 4), × GPUs/node.
+  host  16·f per sharded parameter (FP32 clone 4 + m, v 8 + grad 4), × GPUs/node. Pinned of it:
+        the FP32 clone always (MCore 0.16.1 hybrid_optimizer.py: ``.cpu().pin_memory()`` whatever
+        pin_cpu_params says) and the grad when pin_cpu_grads (default true); torch's CPU Adam keeps
+        m and v in pageable memory.
 
 Activations (Korthikanti et al. 2022, flash attention so no s² term; bf16)
   per layer and microbatch, tokens T = s·b/CP:
@@ -52,7 +55,8 @@ GB = 1e9
 GIB = 1 << 30
 MARGIN_FIXED_GB = 2.0  # CUDA context + cuBLAS/TE workspaces + NCCL communicator buffers
 MARGIN_FRACTION = 0.05  # caching-allocator fragmentation (reserved but unallocated)
-HOST_BYTES_PER_OFFLOADED_PARAM = 16  # pinned FP32 clone 4 + Adam m, v 8 + pinned grad 4
+HOST_BYTES_PER_OFFLOADED_PARAM = 16  # FP32 clone 4 + Adam m, v 8 + grad 4
+PINNED_BYTES_PER_OFFLOADED_PARAM = 4  # the FP32 clone, always pinned; + 4 for the grad with pin_cpu_grads
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 
@@ -66,20 +70,21 @@ class MemoryEstimate:
     peak_gb: float  # peak allocated
     capacity_gb: float  # the GPU's usable capacity
     fits: bool  # peak_gb + margin <= capacity_gb
-    host_gb: float  # pinned host memory for offloaded optimizer states, per node
+    host_gb: float  # host memory for offloaded optimizer states, per node
     breakdown: dict  # name -> GB (weights, grads, optimizer_gpu, activations, margin, ...)
     world_size: int
     notes: list = field(default_factory=list)  # assumptions stated in words
     stage: str = ""  # which pipeline stage is the most loaded
     gpu: str = ""
     margin_gb: float = 0.0
+    pinned_gb: float = 0.0  # of host_gb, pinned (page-locked), per node
 
     def as_dict(self) -> dict:
         r = lambda x: round(x, 3)  # noqa: E731
         return {
             "per_gpu_gb": r(self.per_gpu_gb), "peak_gb": r(self.peak_gb), "capacity_gb": r(self.capacity_gb),
             "margin_gb": r(self.margin_gb), "fits": self.fits, "host_gb": r(self.host_gb),
-            "breakdown": {k: r(v) for k, v in self.breakdown.items()}, "world_size": self.world_size,
+            "pinned_gb": r(self.pinned_gb), "breakdown": {k: r(v) for k, v in self.breakdown.items()}, "world_size": self.world_size,
             "stage": self.stage, "gpu": self.gpu, "notes": list(self.notes),
         }
 
@@ -422,6 +427,8 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
     margin = MARGIN_FIXED_GB + MARGIN_FRACTION * capacity
     per_node = min(gpus_per_node, lay.world)
     host_gb = host_per_gpu * per_node / GB
+    pinned_bytes = PINNED_BYTES_PER_OFFLOADED_PARAM + (4 if cfg.get("optimizer.pin_cpu_grads") is not False else 0)
+    pinned_gb = host_gb * pinned_bytes / HOST_BYTES_PER_OFFLOADED_PARAM
     breakdown = {
         "weights": weights / GB, "grads": grads / GB, "optimizer_gpu": optim / GB, "activations": acts / GB,
         "margin": margin,
@@ -438,5 +445,5 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
     return MemoryEstimate(
         per_gpu_gb=steady / GB, peak_gb=peak_gb, capacity_gb=capacity, fits=peak_gb + margin <= capacity,
         host_gb=host_gb, breakdown=breakdown, world_size=lay.world, notes=notes, stage=stage, gpu=gpu_name,
-        margin_gb=margin,
+        margin_gb=margin, pinned_gb=pinned_gb,
     )

@@ -75,6 +75,7 @@ class Estimate:
     host_gb: float
     margin_gb: float = 0.0  # the memory model's margin (CUDA context, workspaces, fragmentation)
     calibrated: bool = False
+    pinned_gb: float = 0.0
     notes: list = field(default_factory=list)
 
     @property
@@ -142,7 +143,7 @@ class Effect:
             parts.append(f"memory per GPU {gb(self.before.peak_gb)} -> {gb(a.peak_gb)} of "
                          f"{gb(a.capacity_gb)} ({verdict})" + (" [calibrated on the OOM]" if a.calibrated else ""))
             if a.host_gb:
-                parts.append(f"pinned host memory {gb(a.host_gb)} per node")
+                parts.append(f"host memory {gb(a.host_gb)} per node ({gb(a.pinned_gb)} of it pinned)")
         elif self.after is not None:
             parts.append(f"memory per GPU {gb(self.after.peak_gb)} of {gb(self.after.capacity_gb)}")
         if self.slowdown is not None:
@@ -334,7 +335,8 @@ def estimate(cfg: RunConfig, ctx: Context, calibrate_on: Optional[RunConfig] = N
         raise NoFix(f"the memory model cannot size this config: {exc}") from None
     margin = float(getattr(e, "margin_gb", 0.0) or 0.0)
     out = Estimate(float(e.per_gpu_gb), float(e.peak_gb), float(e.capacity_gb), bool(e.fits),
-                   float(getattr(e, "host_gb", 0.0) or 0.0), margin, notes=list(getattr(e, "notes", []) or []))
+                   float(getattr(e, "host_gb", 0.0) or 0.0), margin, notes=list(getattr(e, "notes", []) or []),
+                   pinned_gb=float(getattr(e, "pinned_gb", 0.0) or 0.0))
     need = ctx.observed_need_gb
     if need and calibrate_on is not None:
         try:
@@ -346,7 +348,7 @@ def estimate(cfg: RunConfig, ctx: Context, calibrate_on: Optional[RunConfig] = N
             k = need / float(base.peak_gb)
             out = Estimate(out.per_gpu_gb * k, out.peak_gb * k, out.capacity_gb,
                            out.peak_gb * k + margin <= out.capacity_gb, out.host_gb, margin, calibrated=True,
-                           notes=out.notes)
+                           notes=out.notes, pinned_gb=out.pinned_gb)
     return out
 
 
