@@ -74,6 +74,20 @@ def tiny(**changes) -> dict:
     return d
 
 
+def _mlm_args(**args) -> str:
+    """Megatron-LM's arguments dump (arguments.py _print_args): sorted, dots to column 48."""
+    lines = ["------------------------ arguments ------------------------"]
+    lines += ["  {} {} {}".format(k, "." * (48 - len(k)), args[k]) for k in sorted(args, key=str.lower)]
+    return "\n".join(lines + ["-------------------- end of arguments ---------------------"]) + "\n"
+
+
+# a Megatron-LM run (no YAML at all: its config is the arguments dump it printed)
+MLM_LOG = _mlm_args(num_layers=4, hidden_size=64, num_attention_heads=4, tensor_model_parallel_size=1,
+                    pipeline_model_parallel_size=2, cpu_offloading=True, cpu_offloading_num_layers=1,
+                    use_distributed_optimizer=True, optimizer_cpu_offload=False, optimizer_offload_fraction=0.0,
+                    micro_batch_size=1, global_batch_size=4, world_size=2, seq_length=64, bf16=True,
+                    params_dtype="torch.bfloat16", pipeline_dtype="torch.bfloat16", padded_vocab_size=128,
+                    ffn_hidden_size=256) + PP_OFFLOAD + "\n"
 RESUME = {"checkpoint__load": "/ckpt/qwen3", "checkpoint__save": "/ckpt/qwen3", "checkpoint__load_optim": True}
 # (id, config, log, world, bridge version, expected: "plan" | "refused" | None (either, proved))
 CASES = [
@@ -140,6 +154,13 @@ CASES = [
     ("seed-offload-fraction-zero", seed(model__cpu_offloading=False, model__pipeline_model_parallel_size=2,
                                         optimizer__optimizer_cpu_offload=True, optimizer__optimizer_offload_fraction=0.0),
      f"{FRESH}\n{OOM}", 8, None, None),
+    ("seed-pipeline-layout-string", seed(model__pipeline_model_parallel_layout="Et*24|t*24L"),
+     f"{FRESH}\n{OOM}", 16, None, None),
+    ("seed-vpp2-microbatch-group-kept-at-pp", seed(model__cpu_offloading=False, model__pipeline_model_parallel_size=2,
+                                                   model__virtual_pipeline_model_parallel_size=2,
+                                                   model__microbatch_group_size_per_vp_stage=2),
+     f"{FRESH}\n{OOM}", 8, None, None),
+    ("mlm-args-dump-pp-offload", {}, MLM_LOG, 2, None, "plan"),
     ("seed-pp2-oom-resumed-dp-reshardable", seed(**RESUME, model__cpu_offloading=False,
                                                  model__pipeline_model_parallel_size=2),
      f"{RESUMED}\n{OOM}", 8, None, None),
@@ -235,6 +256,23 @@ def test_tp_to_one_turns_sequence_parallel_off(db):
                                  model__cpu_offloading=False, train__micro_batch_size=2), HEADS_TP, 2, None)
     e = _edits(p)
     assert e["model.tensor_model_parallel_size"] == 1 and e["model.sequence_parallel"] is False
+
+
+def test_pp_to_one_drops_the_virtual_pipeline_and_a_group_that_followed_pp():
+    cfg = RunConfig(seed(model__pipeline_model_parallel_size=2, model__virtual_pipeline_model_parallel_size=2,
+                         model__microbatch_group_size_per_vp_stage=2))
+    assert dict(PL._pp_changes(cfg, 1)) == {"model.pipeline_model_parallel_size": 1,
+                                            "model.virtual_pipeline_model_parallel_size": None,
+                                            "model.microbatch_group_size_per_vp_stage": None}
+    assert dict(PL._pp_changes(cfg, 4)) == {"model.pipeline_model_parallel_size": 4,
+                                            "model.microbatch_group_size_per_vp_stage": None}  # 48 % (4 x 2) == 0
+
+
+def test_interleaved_schedule_group_is_checked():
+    """schedules.py: the micro-batch group per virtual stage must range in [PP, M]."""
+    cfg = RunConfig(seed(model__pipeline_model_parallel_size=4, model__virtual_pipeline_model_parallel_size=2,
+                         model__microbatch_group_size_per_vp_stage=2))
+    assert "should range in [PP=4" in PL.valid_layout(cfg, 16, 2, 4)
 
 
 def test_checkpoints_own_run_config_is_read(db, tmp_path):

@@ -289,6 +289,16 @@ def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: Optional[int]
     gbs, mbs = _get(cfg, "train.global_batch_size"), _get(cfg, "train.micro_batch_size")
     if gbs and mbs and int(gbs) % (int(mbs) * dp):
         return f"global batch {gbs} is not a multiple of micro batch {mbs} x DP{dp}"
+    vpp = _int(cfg, "model.virtual_pipeline_model_parallel_size", 1) or 1
+    if pp > 1 and vpp > 1 and gbs and mbs:
+        # the interleaved schedule (pipeline_parallel/schedules.py) at run time: the micro-batch
+        # group per virtual stage must range in [PP, M], and M's remainder be 0 or >= PP
+        m = int(gbs) // (int(mbs) * dp)
+        group = _int(cfg, "model.microbatch_group_size_per_vp_stage", pp) or pp
+        if not pp <= group <= m:
+            return f"microbatch_group_size_per_vp_stage {group} should range in [PP={pp}, M={m}]"
+        if 0 < m % group < pp:
+            return f"{m} micro-batches leave a last group of {m % group} < PP{pp} (microbatch_group_size_per_vp_stage {group})"
     heads = _get(cfg, "model.num_attention_heads")
     if heads and int(heads) % tp:
         return f"TP{tp} does not divide {heads} attention heads"
@@ -511,6 +521,9 @@ def _pp_changes(cfg: RunConfig, pp: int) -> list:
     vp, layers = _get(cfg, "model.virtual_pipeline_model_parallel_size"), _get(cfg, "model.num_layers")
     if vp and (pp == 1 or (layers and int(layers) % (pp * int(vp)))):
         out.append(("model.virtual_pipeline_model_parallel_size", None))
+    group = _get(cfg, "model.microbatch_group_size_per_vp_stage")
+    if group is not None and int(group) == _int(cfg, "model.pipeline_model_parallel_size") and pp != int(group):
+        out.append(("model.microbatch_group_size_per_vp_stage", None))  # it was the default (= PP): follow PP
     return out
 
 
