@@ -21,15 +21,23 @@ def _unlink(path: str):
         pass
 
 
-def durable_temp(path: Path, text: str, suffix: str = ".tmp", mode: Optional[int] = None) -> str:
-    """``text`` in a new temporary file beside ``path``, fsynced (and chmod'ed to ``mode``): its
-    name. Nothing is left behind if this fails."""
+def durable_temp(path: Path, text, suffix: str = ".tmp", mode: Optional[int] = None,
+                 owner: Optional[tuple] = None) -> str:
+    """``text`` (str as UTF-8, or bytes) in a new temporary file beside ``path``, fsynced, with
+    ``mode`` and (where this process may) ``owner`` = (uid, gid): its name. Nothing is left
+    behind if this fails. The file is created 0600, so it is never readable by others before
+    its mode is set."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=str(path.parent))
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode("utf-8"))
+            fh.write(text if isinstance(text, bytes) else text.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
+        if owner is not None and (os.stat(tmp).st_uid, os.stat(tmp).st_gid) != owner:
+            try:
+                os.chown(tmp, *owner)
+            except PermissionError:
+                pass  # not ours to give away: the new file stays ours, with the original's mode
         if mode is not None:
             os.chmod(tmp, mode)
     except BaseException:
@@ -38,9 +46,9 @@ def durable_temp(path: Path, text: str, suffix: str = ".tmp", mode: Optional[int
     return tmp
 
 
-def replace(path: Path, text: str, mode: Optional[int] = None):
-    """Replace ``path`` by ``text`` atomically and durably."""
-    tmp = durable_temp(path, text, mode=mode)
+def replace(path: Path, text, mode: Optional[int] = None, owner: Optional[tuple] = None):
+    """Replace ``path`` by ``text`` atomically and durably (with ``mode`` and ``owner``)."""
+    tmp = durable_temp(path, text, mode=mode, owner=owner)
     try:
         os.replace(tmp, path)
     except BaseException:

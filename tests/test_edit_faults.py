@@ -239,3 +239,92 @@ def test_read_only_folder_is_a_one_line_error(tmp_path):
     with pytest.raises(E.EditError):
         E.write(gone, new)
     assert cfg.read_text() == TINY.read_text()
+
+
+# --- owned files (issue 16: items 1, 2, 3, 17) -------------------------------------------------
+def _fix_text(text: str) -> str:
+    return text.replace("cpu_offloading: true", "cpu_offloading: false")
+
+
+def test_a_symlinked_config_is_edited_through_the_link(tmp_path):
+    """Item 1: the link stays a link; its target gets the new value (and the backup beside it)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    target = real / "cfg.yaml"
+    target.write_text(TINY.read_text())
+    link = tmp_path / "cfg.yaml"
+    link.symlink_to(target)
+    snap = E.snapshot(link)
+    res = E.write(snap, _fix_text(snap.text))
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert "cpu_offloading: false" in target.read_text() and link.read_text() == target.read_text()
+    assert res.backup.parent == real and res.backup.read_text() == TINY.read_text()
+
+
+def test_an_empty_lock_left_by_a_crash_is_taken_over_after_the_grace(tmp_path):
+    """Item 2: an empty lock (a crash between create and write, a full disk) no longer refuses
+    every later --fix: once older than the grace period it is stale."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TINY.read_text())
+    lock = tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)
+    lock.write_text("")
+    old = time.time() - E.LOCK_GRACE_S - 5
+    os.utime(lock, (old, old))
+    snap = E.snapshot(cfg)
+    assert E.write(snap, _fix_text(snap.text)).changed and not lock.exists()
+
+
+def test_a_lock_naming_a_reused_pid_is_stale(tmp_path):
+    """Item 2: the PID is alive but it is another process (another start time)."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TINY.read_text())
+    lock = tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)
+    lock.write_text(f"{os.getppid()} 1\n")  # our parent is alive; it did not start at tick 1
+    with E.FileLock(cfg) as held:
+        assert held.took_over and "another process" in held.took_over
+    lock.write_text(f"{os.getppid()} {E._start_time(os.getppid())}\n")  # the live owner itself: respected
+    with pytest.raises(E.EditError, match="being edited by another"):
+        with E.FileLock(cfg):
+            pass
+
+
+def test_mode_of_a_private_config_is_kept_for_the_file_and_its_backup(tmp_path):
+    """Item 3: a 0600 config stays 0600, and its backup is not world-readable either."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TINY.read_text())
+    os.chmod(cfg, 0o600)
+    snap = E.snapshot(cfg)
+    res = E.write(snap, _fix_text(snap.text))
+    assert os.stat(cfg).st_mode & 0o777 == 0o600 and os.stat(res.backup).st_mode & 0o777 == 0o600
+    st = os.stat(cfg)
+    assert (st.st_uid, st.st_gid) == (os.getuid(), os.getgid())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_owner_of_another_users_config_is_kept(tmp_path):
+    """Item 3: root editing a user's config leaves it (and the backup) the user's."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TINY.read_text())
+    os.chown(cfg, 4242, 4343)
+    os.chmod(cfg, 0o640)
+    snap = E.snapshot(cfg)
+    res = E.write(snap, _fix_text(snap.text))
+    for p in (cfg, res.backup):
+        st = os.stat(p)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (4242, 4343, 0o640)
+
+
+def test_crlf_and_bom_are_kept(tmp_path):
+    """Item 17: a Windows-edited config keeps its CR LF line ends and its BOM; only the edited
+    line changes."""
+    cfg = tmp_path / "cfg.yaml"
+    raw = b"\xef\xbb\xbf" + TINY.read_text().replace("\n", "\r\n").encode()
+    cfg.write_bytes(raw)
+    snap = E.snapshot(cfg)
+    new = E.render(snap, [("model.cpu_offloading", False)])
+    res = E.write(snap, new)
+    out = cfg.read_bytes()
+    assert out.startswith(b"\xef\xbb\xbf") and out.count(b"\r\n") == out.count(b"\n")
+    changed = [(a, b) for a, b in zip(raw.split(b"\r\n"), out.split(b"\r\n")) if a != b]
+    assert len(changed) == 1 and b"cpu_offloading: false" in changed[0][1]
+    assert res.backup.read_bytes() == raw

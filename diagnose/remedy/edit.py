@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import io
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -43,13 +44,26 @@ LOCK_SUFFIX = ".diagnose.lock"
 
 @dataclass(frozen=True)
 class Snapshot:
-    path: Path
-    text: str
+    path: Path  # the file itself: a symbolic link is followed to its target, which is edited
+    text: str  # with LF line ends and no BOM (what the YAML parser reads)
     sha256: str
+    crlf: bool = False  # the file ends its lines with CR LF: written back so
+    bom: bool = False  # the file starts with a UTF-8 byte-order mark: written back so
+
+    def encode(self, text: str) -> bytes:
+        """``text`` in the file's own line ends and BOM."""
+        if self.crlf:
+            text = text.replace("\r\n", "\n").replace("\n", "\r\n")
+        return (b"\xef\xbb\xbf" if self.bom else b"") + text.encode("utf-8")
 
 
 def snapshot(path: str | os.PathLike) -> Snapshot:
     p = Path(path)
+    if p.is_symlink():
+        try:
+            p = p.resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise EditError(f"{path}: a symbolic link to nothing (or a loop)") from None
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
@@ -58,11 +72,15 @@ def snapshot(path: str | os.PathLike) -> Snapshot:
         raise EditError(f"{path}: is a directory, expected a YAML file") from None
     except OSError as exc:
         raise EditError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    bom = raw.startswith(b"\xef\xbb\xbf")
     try:
-        text = raw.decode("utf-8")
+        text = raw[3 if bom else 0:].decode("utf-8")
     except UnicodeDecodeError:
         raise EditError(f"{path}: not UTF-8 text") from None
-    return Snapshot(p, text, hashlib.sha256(raw).hexdigest())
+    crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")
+    if crlf:
+        text = text.replace("\r\n", "\n")
+    return Snapshot(p, text, hashlib.sha256(raw).hexdigest(), crlf, bom)
 
 
 def guess_indent(text: str) -> tuple[int, int]:
@@ -207,53 +225,95 @@ def backup_path(path: Path) -> Path:
     return cand
 
 
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time (field 22 of /proc/PID/stat): with the PID, who it is (a PID
+    alone is reused). None where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return stat[stat.rfind(b")") + 2:].split()[19].decode()
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+LOCK_GRACE_S = 10.0  # a lock file still empty (or unreadable) after this long was left by a crash
+
+
 class FileLock:
-    """An exclusive lock file beside the config (O_CREAT|O_EXCL; a stale one is taken over)."""
+    """An exclusive lock file beside the config (O_CREAT|O_EXCL), holding the owner's PID and
+    process start time. A lock whose process is gone, whose PID now belongs to another process
+    (another start time), or that is still empty or unreadable after LOCK_GRACE_S (a crash
+    between create and write, a full disk) is stale: it is taken over and said so."""
 
     def __init__(self, path: Path):
         self.path = path.with_name(path.name + LOCK_SUFFIX)
         self.held = False
+        self.took_over: Optional[str] = None  # why a stale lock was taken over
 
     def __enter__(self):
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if self._stale():
-                    try:
-                        self.path.unlink()
-                    except FileNotFoundError:
-                        pass
-                    continue
-                raise EditError(f"{self.path.name[:-len(LOCK_SUFFIX)]} is being edited by another diagnose --fix "
-                                f"(lock {self.path}, pid {self._owner()}); try again when it has finished") from None
-            except OSError as exc:
-                raise EditError(f"cannot create the lock file {self.path}: {exc.strerror or exc}") from None
-            with os.fdopen(fd, "w") as fh:
-                fh.write(f"{os.getpid()}\n")
-            self.held = True
-            return self
-        raise EditError(f"cannot take the lock {self.path}")
-
-    def _owner(self) -> Optional[int]:
+        # the lock is born complete: its content goes to a temporary file that is then hard-linked
+        # to the lock name (a link never replaces an existing file), so a kill -9 can leave no
+        # empty lock behind
         try:
-            return int(self.path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+            tmp = atomic.durable_temp(self.path, f"{os.getpid()} {_start_time(os.getpid()) or '-'}\n", ".tmp", 0o644)
+        except OSError as exc:
+            raise EditError(f"cannot create the lock file {self.path}: {exc.strerror or exc}") from None
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    why = self._stale()
+                    if why:
+                        try:
+                            self.path.unlink()
+                        except FileNotFoundError:
+                            pass
+                        self.took_over = why
+                        continue
+                    raise EditError(f"{self.path.name[:-len(LOCK_SUFFIX)]} is being edited by another diagnose "
+                                    f"--fix (lock {self.path}, pid {self._owner()[0]}); try again when it has "
+                                    "finished") from None
+                except OSError as exc:
+                    raise EditError(f"cannot create the lock file {self.path}: {exc.strerror or exc}") from None
+                self.held = True
+                return self
+            raise EditError(f"cannot take the lock {self.path}")
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
-    def _stale(self) -> bool:
-        pid = self._owner()
+    def _owner(self) -> tuple:
+        try:
+            parts = self.path.read_text().split()
+            return int(parts[0]), (parts[1] if len(parts) > 1 and parts[1] != "-" else None)
+        except (OSError, ValueError, IndexError, UnicodeDecodeError):
+            return None, None
+
+    def _stale(self) -> Optional[str]:
+        pid, started = self._owner()
         if pid is None:
-            return False  # being written right now, or not ours to judge
+            try:
+                age = time.time() - os.stat(self.path).st_mtime
+            except FileNotFoundError:
+                return "gone"
+            except OSError:
+                return None
+            return f"empty or unreadable for {age:.0f} s" if age > LOCK_GRACE_S else None
         if pid == os.getpid():
-            return False
+            return None
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return True
+            return f"pid {pid} is gone"
         except PermissionError:
-            return False
-        return False
+            pass  # alive, another user's
+        now = _start_time(pid)
+        if started and now and now != started:
+            return f"pid {pid} is another process now"
+        return None
 
     def __exit__(self, *exc):
         if self.held:
@@ -265,12 +325,12 @@ class FileLock:
         return False
 
 
-def _write_backup(path: Path, text: str) -> Path:
+def _write_backup(path: Path, text, mode: int = 0o600, owner: Optional[tuple] = None) -> Path:
     """The old text as ``NAME.bak[.N]``, complete or not at all: written to a temporary file,
     fsynced, then hard-linked to the first free backup name (a link never replaces a file, so an
     older backup is never overwritten, and a kill -9 leaves no half-written backup)."""
     try:
-        tmp = atomic.durable_temp(path, text, ".bak.tmp", 0o644)
+        tmp = atomic.durable_temp(path, text, ".bak.tmp", mode, owner)
     except OSError as exc:
         raise EditError(f"cannot write a backup beside {path}: {exc.strerror or exc}") from None
     try:
@@ -309,17 +369,20 @@ def write(snap: Snapshot, new_text: str) -> WriteResult:
         now = snapshot(path)
         if now.sha256 != snap.sha256:
             raise EditError(f"{path} changed since the fix was planned; not overwriting it (run --fix again)")
-        mode = None
+        mode, owner = None, None
         try:
-            mode = os.stat(path).st_mode & 0o7777
+            st = os.stat(path)
+            mode, owner = st.st_mode & 0o7777, (st.st_uid, st.st_gid)
         except OSError:
             pass
         if mode is not None and not mode & 0o222:
             raise EditError(f"{path} is read-only (no write permission bit); not editing it "
                             "(chmod u+w it to let --fix write, or use --overrides)")
-        bak = _write_backup(path, snap.text)
+        # the backup and the new file keep the original's mode, owner and group: a 0600 config
+        # stays private, and one owned by its user stays theirs
+        bak = _write_backup(path, snap.encode(snap.text), mode if mode is not None else 0o600, owner)
         try:
-            atomic.replace(path, new_text, mode)
+            atomic.replace(path, snap.encode(new_text), mode, owner)
         except OSError as exc:
             raise EditError(f"cannot write the new config beside {path}: {exc.strerror or exc}") from None
     return WriteResult(path, bak, diff, True)

@@ -533,8 +533,9 @@ def prove(cfg: RunConfig, after: RunConfig, ctx: Context, world: Optional[int], 
     if world:
         bad = valid_layout(after, world, _int(after, "model.tensor_model_parallel_size"),
                            _int(after, "model.pipeline_model_parallel_size"))
-        if bad:
-            return bad
+        if bad and bad != valid_layout(cfg, world, _int(cfg, "model.tensor_model_parallel_size"),
+                                       _int(cfg, "model.pipeline_model_parallel_size")):
+            return bad  # only what the change brings: the run's own layout problem is another finding
     if ctx.resume is not None:
         why = RS.blocks(ctx.resume, cfg, after) or RS.blocks_offload(ctx.resume, after)
         if why:
