@@ -122,7 +122,7 @@ class Scanner:
         for chunk in R.read_chunks(src, res.notes, start=start, end=end, first_line=first_line):
             got = True
             self.scan_chunk(chunk, src.name, idx, res)
-            res.bytes_read += len(chunk.data)
+            res.bytes_read += chunk.size if chunk.size is not None else len(chunk.data)
             line = chunk.first_line + chunk.newlines
             if progress:
                 progress(len(chunk.data))

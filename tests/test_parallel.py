@@ -210,3 +210,28 @@ def test_many_pieces_in_process_blocks_read_on_past_a_piece_end(db, big_single, 
     assert summary(db, out) == summary(db, serial)
     for field in ("tally", "peaks", "skipped", "year", "timer_blocks", "traceback_count"):
         assert getattr(out.structure, field) == getattr(serial.structure, field), field
+
+
+def test_lone_crs_number_lines_the_same_in_pieces(db, big_single, tmp_path, monkeypatch):
+    """A lone CR is a line end (logs/read.py normalize): the pieces of a parallel scan count them
+    too, so every line number agrees with the serial scan (CR LF pairs cut between two blocks
+    included)."""
+    import diagnose.parallel as P
+    from diagnose.logs import read as R
+
+    data = big_single.read_bytes().split(b"\n")
+    mixed = b"".join(line + (b"\r" if i % 7 == 0 else b"\r\n" if i % 5 == 0 else b"\n") for i, line in enumerate(data))
+    log = tmp_path / "cr.log"
+    log.write_bytes(mixed)
+    monkeypatch.setattr(R, "CHUNK", 48 << 10)
+    monkeypatch.setattr(P, "SPLIT_MIN", 512 << 10)
+    sc = Scanner(db, "regex")
+    serial = scan_parallel(sc, [str(log)], jobs=1)
+    par = scan_parallel(sc, [str(log)], jobs=3)
+    assert getattr(par, "jobs", 1) == 3
+    assert serial.lines_read == par.lines_read
+    assert serial.lines_read >= len(data) - 5  # not 6/7 of it: every lone CR ended a line
+    want, got = summary(db, serial), summary(db, par)
+    assert want["root"] is not None
+    for key in want:
+        assert got[key] == want[key], key

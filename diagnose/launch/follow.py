@@ -20,7 +20,7 @@ from ..analyze.findings import Findings
 from ..db import Database, load
 from ..diagnosis import analyze, scanner_for
 from ..logs import structure as S
-from ..logs.read import Chunk
+from ..logs.read import Chunk, normalize
 from ..model import Finding, Report
 from ..scan import ScanResult
 
@@ -88,10 +88,11 @@ class Follower:
         return self._changed()
 
     def _scan(self, whole: bytes):
-        self.scanner.scan_chunk(Chunk(whole, self.line, self.offset), self.name, 0, self.res)
+        data = normalize(whole)  # as the batch reader frames lines (lone CR, ANSI, NUL)
+        self.scanner.scan_chunk(Chunk(data, self.line, self.offset), self.name, 0, self.res)
         self.res.bytes_read += len(whole)
         self.offset += len(whole)
-        self.line += whole.count(b"\n")
+        self.line += data.count(b"\n")
 
     def _changed(self) -> list[Finding]:
         out = []

@@ -1,8 +1,10 @@
 """From paths to byte chunks of whole lines, at constant memory.
 
 ``iter_sources(paths)`` expands folders (recursively, sorted, symlink loops skipped) and ``-``
-(stdin). ``read_chunks(source)`` streams a file, a ``.gz`` (by magic bytes, not by name) or
-stdin as chunks that end on a newline, each with the number of the first line it holds. A line
+(stdin). ``read_chunks(source)`` streams a file, a ``.gz``, ``.xz``, ``.bz2`` or ``.zst`` (by magic bytes,
+not by name; zstd with the optional ``zstandard``), a UTF-16/32 text (by its BOM, read as UTF-8)
+or stdin as chunks that end on a newline (a lone CR is a line end; ANSI codes and NULs are
+dropped: ``normalize``), each with the number of the first line it holds. A line
 longer than ``MAX_LINE`` is cut into pieces so that memory stays bounded whatever the input.
 
 Hostile inputs: a truncated or corrupt ``.gz`` yields everything decompressed before the damage
@@ -13,8 +15,12 @@ is already being walked (or to one of its parents) is a loop and skipped.
 """
 from __future__ import annotations
 
+import bz2
+import codecs
 import gzip
+import lzma
 import os
+import re
 import select
 import stat
 import sys
@@ -24,7 +30,15 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 CHUNK = 8 << 20  # bytes read at a time
-GZIP_MAGIC = b"\x1f\x8b"  # a gzip stream is detected by content, not by name
+GZIP_MAGIC = b"\x1f\x8b"  # a compressed stream is detected by content, not by name
+XZ_MAGIC = b"\xfd7zXZ\x00"
+BZ2_MAGIC = b"BZh"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# text in UTF-16/32 (a log written by PowerShell's redirection, some Windows tools): by its BOM
+BOMS = ((b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+        (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour codes: never part of a message
+_LONE_CR = re.compile(rb"\r(?!\n)")
 MAX_LINE = 1 << 20  # a line longer than this is split (a 100 MB line without newline is not held whole)
 FIFO_TIMEOUT = 10.0  # seconds to wait for the first data from a named pipe (env DIAGNOSE_FIFO_TIMEOUT)
 
@@ -47,6 +61,7 @@ class Chunk:
     # the newlines in data, when the consumer counted them on its way (the scan does): the
     # reader then need not count them again for the next chunk's first_line
     newlines: Optional[int] = None
+    size: Optional[int] = None  # bytes of the source this chunk stands for (data may be shorter: normalize)
 
 
 def iter_sources(paths, notes: list) -> Iterator[Source]:
@@ -234,10 +249,53 @@ def _open(source: Source):
         raw = _open_fifo(source.path)
     else:
         raw = open(source.path, "rb")  # noqa: SIM115 - closed by read_chunks
-    head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-    if head == GZIP_MAGIC:
+    head = raw.peek(8)[:8] if hasattr(raw, "peek") else b""
+    if head[:2] == GZIP_MAGIC:
         return raw, _Gunzip(raw)
+    if head[:6] == XZ_MAGIC:
+        return raw, lzma.LZMAFile(raw)
+    if head[:3] == BZ2_MAGIC and head[3:4].isdigit():
+        return raw, bz2.BZ2File(raw)
+    if head[:4] == ZSTD_MAGIC:
+        try:
+            import zstandard
+        except ImportError:
+            raise InputError("a zstd-compressed file: install the optional extra (pip install 'diagnose[zstd]') "
+                             "or decompress it first") from None
+        return raw, zstandard.ZstdDecompressor().stream_reader(raw)
+    for bom, enc in BOMS:
+        if head.startswith(bom):
+            raw.read(len(bom))
+            return raw, _Transcode(raw, enc)
     return raw, raw
+
+
+class _Transcode:
+    """A UTF-16/32 stream read as UTF-8 bytes, incrementally (bounded memory)."""
+
+    def __init__(self, raw, encoding: str):
+        self.raw = raw
+        self.dec = codecs.getincrementaldecoder(encoding)("replace")
+
+    def read(self, n: int) -> bytes:
+        data = self.raw.read(max(4, n // 2))
+        return self.dec.decode(data, final=not data).encode("utf-8")
+
+
+def normalize(data: bytes) -> bytes:
+    """Line framing the matchers must not see: a lone CR is a line end (a progress bar that
+    rewrote an error line leaves both lines), ANSI colour codes and NULs go (an anchor with a
+    colour code inside it still matches). Cheap when there is nothing to do."""
+    if b"\r" in data:
+        data = _LONE_CR.sub(b"\n", data)
+    if b"\x00" in data:
+        data = data.replace(b"\x00", b"")
+    esc = data.count(b"\x1b")
+    if esc:
+        # colour codes: a few per line; a block dense with escapes (binary, hostile) only loses the
+        # ESC bytes, so that the work stays linear and small whatever the input
+        data = _ANSI.sub(b"", data) if (esc <= 64 or esc < len(data) // 16) else data.replace(b"\x1b", b"")
+    return data
 
 
 PROBE = 64 << 10  # bytes looked at, before a chunk's planned end, for the last newline
@@ -322,6 +380,10 @@ def count_newlines(path: Path, start: int, end: int, block: int = 8 << 20) -> in
             if not data:
                 break
             n += data.count(b"\n")
+            if b"\r" in data:  # a lone CR is a line end too (normalize)
+                n += data.count(b"\r") - data.count(b"\r\n")
+                if data.endswith(b"\r") and os.pread(fd, 1, start + len(data)) == b"\n":
+                    n -= 1  # a CR LF cut between two blocks
             start += len(data)
     finally:
         os.close(fd)
@@ -377,17 +439,19 @@ def read_chunks(source: Source, notes: list, chunk_size: Optional[int] = None, s
                 # one copy: the carried start of a line, then the block up to its last newline
                 out = b"".join((carry, memoryview(block)[:cut])) if (carry or cut < len(block)) else block
                 carry = block[cut:]
-            chunk = Chunk(out, line_no, offset)
+            chunk = Chunk(normalize(out), line_no, offset, size=len(out))
             yield chunk
             # a piece of an over-long line: the next chunk goes on with it
-            line_no += chunk.newlines if chunk.newlines is not None else out.count(b"\n")
+            line_no += chunk.newlines if chunk.newlines is not None else chunk.data.count(b"\n")
             offset += len(out)
             if len(carry) >= MAX_LINE:  # the start of an over-long line: hand it on now, hold little
-                yield Chunk(carry, line_no, offset)
+                piece = Chunk(normalize(carry), line_no, offset, size=len(carry))
+                yield piece
+                line_no += piece.data.count(b"\n")
                 offset += len(carry)
                 carry = b""
         if carry:
-            yield Chunk(carry, line_no, offset)
+            yield Chunk(normalize(carry), line_no, offset, size=len(carry))
     finally:
         if source.path is not None:
             try:
