@@ -58,12 +58,13 @@ def main(argv=None):
     except click.ClickException as exc:
         exc.show()
         return exitcodes.USAGE
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        return 130
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        return 130
+    except click.exceptions.Abort as exc:  # click turns a KeyboardInterrupt into Abort
+        signum = getattr(exc.__cause__ or exc.__context__, "signum", None)
+        click.echo("Aborted." if not signum else f"Terminated ({exc.__cause__ or exc.__context__}).", err=True)
+        return 128 + int(signum or 2)
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM / SIGHUP while relaunching (launch/loop.py Terminated)
+        click.echo("Interrupted." if not getattr(exc, "signum", None) else f"Terminated ({exc}).", err=True)
+        return 128 + int(getattr(exc, "signum", 2))
     except BrokenPipeError:
         return exitcodes.OK
     except Exception as exc:  # a bug: one line for the user, the traceback only on request

@@ -30,8 +30,33 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
-KEYS = {"launcher", "launch-cmd", "sbatch-args", "max-attempts", "history", "world-size", "gpu", "gpu-memory",
-        "gpus-per-node", "log-dir"}
+# key -> (what it must be, the check): every value is checked when the file is read, before
+# anything is planned, written or launched
+def _pos_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 20
+
+
+def _pos_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e6
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and v.strip() != "" and "\x00" not in v
+
+
+TYPES = {
+    "launcher": ("\"local\" or \"slurm\"", lambda v: v in ("local", "slurm")),
+    "launch-cmd": ("a command line (text)", _text),
+    "sbatch-args": ("a list of texts", lambda v: isinstance(v, list) and all(_text(x) for x in v)),
+    "max-attempts": ("a positive integer", _pos_int),
+    "history": ("a file path (text)", _text),
+    "world-size": ("a positive integer", _pos_int),
+    "gpu": ("a GPU name (text)", _text),
+    "gpu-memory": ("a positive number of GB", _pos_num),
+    "gpus-per-node": ("a positive integer", _pos_int),
+    "log-dir": ("a folder path (text)", _text),
+}
+KEYS = set(TYPES)
 
 HOWTO = """no launcher configured for --relaunch. Give --launcher and --launch-cmd, or add to pyproject.toml:
 
@@ -88,5 +113,9 @@ def find(start: Optional[Path] = None) -> Settings:
             if unknown:
                 raise SettingsError(f"{p}: unknown key(s) in the diagnose settings: {', '.join(sorted(unknown))} "
                                     f"(known: {', '.join(sorted(KEYS))})")
+            for key, value in table.items():
+                what, ok = TYPES[key]
+                if not ok(value):
+                    raise SettingsError(f"{p}: {key} = {value!r:.60}: must be {what}")
             return Settings(dict(table), p)
     return Settings()

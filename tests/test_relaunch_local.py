@@ -162,7 +162,10 @@ time.sleep(300)
     assert not running(int((tmp_path / "child.pid").read_text()))
 
 
-def test_ctrl_c_ends_the_job_and_leaves_the_history_whole(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_ends_the_job_and_leaves_the_history_whole(tmp_path, sig):
+    """Ctrl-C, and SIGTERM / SIGHUP too (issue 16, item 5): the job is stopped, the history
+    records the attempt as interrupted, the exit code is 128 + the signal."""
     shutil.copy(CFG, tmp_path / "cfg.yaml")
     cmd = _fake_job(tmp_path, "import os, time\nopen('job.pid', 'w').write(str(os.getpid()))\n"
                               "print('training...', flush=True)\ntime.sleep(300)\n")
@@ -175,16 +178,16 @@ def test_ctrl_c_ends_the_job_and_leaves_the_history_whole(tmp_path):
         while not (tmp_path / "job.pid").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         job = int((tmp_path / "job.pid").read_text())
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     assert not running(job)
     lines = (tmp_path / "h.jsonl").read_text().splitlines()
     recs = [json.loads(l) for l in lines]  # every line is whole JSON
-    assert recs[-1]["outcome"] == "interrupted" and recs[-1]["job_id"]
+    assert recs[-1]["outcome"] == "interrupted" and recs[-1]["job_id"] and recs[-1]["signal"] == sig
 
 
 @needs_mcore
@@ -209,3 +212,22 @@ def test_new_root_cause_is_planned_then_same_cause_returns_exit_5(tmp_path):
     assert "same root cause MB-OFF-010 came back after its fix" in r.stderr
     final = yaml.safe_load((tmp_path / "cfg.yaml").read_text())["model"]
     assert final["cpu_offloading_num_layers"] == 1 and final["recompute_granularity"] is None
+
+
+@pytest.mark.parametrize("bad", ["history-folder", "log-dir-uncreatable"])
+def test_unwritable_history_or_log_dir_is_refused_before_the_config_is_touched(tmp_path, bad):
+    """Issue 16, item 7: --history naming a folder, a log-dir that cannot be created: exit 2
+    before any write or launch (it used to crash after the config was rewritten or the job ran)."""
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    (tmp_path / "blocker").write_text("a file where a folder should be\n")
+    extra = ["--history", "hist"] if bad == "history-folder" else []
+    if bad == "history-folder":
+        (tmp_path / "hist").mkdir()
+    else:
+        (tmp_path / "diagnose.toml").write_text('log-dir = "blocker/runs"\n')
+    cmd = _fake_job(tmp_path, "open('started', 'w').write('1')\n")
+    r = diagnose("--fix", "cfg.yaml", "--relaunch", "--launcher", "local", "--launch-cmd", cmd, *extra,
+                 "--world-size", "2", cwd=tmp_path, timeout=60)
+    assert r.returncode == exitcodes.USAGE and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "cfg.yaml").read_text() == CFG.read_text() and not list(tmp_path.glob("cfg.yaml.bak*"))
+    assert not (tmp_path / "started").exists()

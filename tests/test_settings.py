@@ -57,3 +57,13 @@ def test_split_command_never_uses_a_shell():
         split_command("python 'unclosed")
     with pytest.raises(LaunchError, match="unknown launcher"):
         make_launcher("k8s", "x")
+
+
+@pytest.mark.parametrize("line,what", [('max-attempts = "three"', "max-attempts"), ("world-size = -4", "world-size"),
+                                       ("launcher = 5", "launcher"), ('sbatch-args = "--partition=gpu"', "sbatch-args"),
+                                       ("gpu-memory = true", "gpu-memory"), ("history = 3", "history")])
+def test_settings_with_wrong_types_are_one_line_errors(tmp_path, line, what):
+    """Issue 16, item 7: every value is checked when the file is read, before anything runs."""
+    (tmp_path / "diagnose.toml").write_text(line + "\n")
+    with pytest.raises(ST.SettingsError, match=f"{what} = .*: must be"):
+        ST.find(tmp_path)

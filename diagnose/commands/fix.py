@@ -7,6 +7,7 @@ loop); this module reads the options and the project settings, prints, and picks
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -188,6 +189,16 @@ def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind,
     log_dir = Path(st.get("log-dir") or "diagnose-runs")
     if st.get("log-dir") and not log_dir.is_absolute():
         log_dir = base / log_dir
+    # everything the loop will write is checked before the config is touched or a job started
+    if history.is_dir():
+        raise click.UsageError(f"--history {history} is a folder; give a file (JSON lines)")
+    for folder, what in ((history.parent, "--history's folder"), (log_dir, "the log folder (log-dir)")):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.UsageError(f"cannot create {what} {folder}: {exc.strerror or exc}") from None
+        if not os.access(folder, os.W_OK):
+            raise click.UsageError(f"{what} {folder} is not writable")
     try:
         launcher = make_launcher(kind, launch_cmd, sbatch_args=st.get("sbatch-args") or [])
     except LaunchError as exc:
@@ -199,7 +210,8 @@ def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind,
                            echo=(lambda s: None) if quiet else (lambda s: click.echo(s, err=True)),
                            load_config=lambda: _load(fix_path))
     try:
-        res = loop.run(LP.Step(plan, report))
+        with LP.stop_signals_interrupt():
+            res = loop.run(LP.Step(plan, report))
     except E.EditError as exc:
         raise click.ClickException(str(exc)) from None
     _err(f"diagnose: {res.message} (history: {history})", quiet)

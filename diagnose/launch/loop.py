@@ -34,9 +34,46 @@ from .base import Job, LaunchError, Launcher
 from .follow import POLL_S, Follower
 
 
+# --- stop signals --------------------------------------------------------------------------------
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while relaunching: handled like Ctrl-C (the job is stopped, the history
+    says "interrupted"); the exit code is 128 + the signal's number, as a shell reports it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class stop_signals_interrupt:
+    """Within this block SIGTERM and SIGHUP raise Terminated, as SIGINT raises KeyboardInterrupt:
+    the job is never left running with no history record (a scheduler's scancel, a closed
+    terminal). The previous handlers come back afterwards."""
+
+    def __enter__(self):
+        self.old = {}
+
+        def handler(signum, _frame):
+            raise Terminated(signum)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                self.old[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread: nothing to install
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+        return False
+
+
 # --- history -------------------------------------------------------------------------------------
 class History:
-    """Append-only JSON lines; each record is one os.write on an O_APPEND file, SIGINT held off."""
+    """Append-only JSON lines; each record is one os.write on an O_APPEND file, SIGINT, SIGTERM
+    and SIGHUP held off while it is written."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -44,7 +81,7 @@ class History:
     def append(self, record: dict):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = (json.dumps(record, sort_keys=False, default=str) + "\n").encode("utf-8")
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -239,6 +276,8 @@ class RelaunchLoop:
                     except LaunchError:
                         pass
                 record.update(outcome="interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
+                              signal=getattr(exc, "signum", signal.SIGINT if isinstance(exc, KeyboardInterrupt)
+                                             else None),
                               exit_code=job.exit_code, root_cause=None,
                               seconds=round(time.time() - job.started, 3), ended_at=job.ended)
                 self.history.append(record)
