@@ -258,3 +258,42 @@ def test_history_read_skips_a_torn_record(tmp_path):
         fh.write(b'{"attempt": 2, "diff": "--- a/cfg')  # the process died mid-record
     h.append({"attempt": 3})
     assert [r["attempt"] for r in h.read()] == [1, 3]
+
+
+# ------------------------------------------------- values no job can have (issue 16, item 15)
+@pytest.mark.parametrize("line,match", [
+    ("model: {num_layers: -5}", "num_layers: -5 must be at least 1"),
+    ("model: {pipeline_model_parallel_size: 0}", "pipeline_model_parallel_size: 0 must be at least 1"),
+    ("model: {tensor_model_parallel_size: -1}", "tensor_model_parallel_size: -1 must be at least 1"),
+    ("optimizer: {optimizer_offload_fraction: .nan}", "optimizer_offload_fraction: nan is not a finite number"),
+    ("train: {train_iters: 2026-01-01}", "train_iters: expected an integer"),
+    ("train: {global_batch_size: .inf}", "expected an integer|not a finite number"),
+])
+def test_impossible_values_are_refused_in_one_line(tmp_path, line, match):
+    _refused(_cfg(tmp_path, line + "\n"), match, strict=True)
+
+
+def test_zero_layers_offloaded_is_a_value_a_job_can_have(tmp_path):
+    assert load_config(str(_cfg(tmp_path, "model: {cpu_offloading_num_layers: 0, num_layers: 4}\n")), strict=True)
+
+
+def test_yaml_merge_keys_are_read(tmp_path):
+    cfg = load_config(str(_cfg(tmp_path, "model: &m\n  num_layers: 4\n  hidden_size: 64\n"
+                                         "optimizer:\n  lr: 0.1\n"
+                                         "ddp:\n  <<: {use_distributed_optimizer: true, overlap_grad_reduce: false}\n"
+                                         "  overlap_grad_reduce: true\n")), strict=True)
+    assert cfg.get("ddp.use_distributed_optimizer") is True and cfg.get("ddp.overlap_grad_reduce") is True
+
+
+@pytest.mark.parametrize("line", ["model: {num_layers: .nan, pipeline_model_parallel_size: 2}",
+                                  "model: {pipeline_model_parallel_size: 0, num_layers: 4}",
+                                  "train: {train_iters: 2026-01-01}"])
+def test_fix_on_an_impossible_config_is_exit_2_not_a_crash(tmp_path, line):
+    cfg = _cfg(tmp_path, line + "\n")
+    log = _cfg(tmp_path, "[rank0]: ValueError: Currently there is no support for Pipeline parallelism with CPU "
+                         "offloading\n", "run.log")
+    r = subprocess.run([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
+                        str(log), "--fix", str(cfg), "--world-size", "2"], capture_output=True, text=True,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert cfg.read_text() == line + "\n"

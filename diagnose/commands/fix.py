@@ -45,9 +45,18 @@ def _settings() -> ST.Settings:
 
 def _load(path: str):
     try:
-        return load_config(path)
+        cfg = load_config(path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    from ..config.schema import impossible_values, validate
+
+    # a plan on a NaN, a size 0 or a date where a count belongs would be nonsense (keys this
+    # version does not know are fine: they are the job's business)
+    bad = [p for p in validate(cfg.data) if not p.endswith(("unknown key",)) and "unknown section" not in p]
+    bad = bad or impossible_values(cfg.data)
+    if bad:
+        raise click.ClickException(f"{path}: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+    return cfg
 
 
 def _snapshot(path: str) -> E.Snapshot:

@@ -20,6 +20,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader, node, deep=False):
     seen = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base": merged by flatten_mapping below
+            continue
         key = loader.construct_object(key_node, deep=deep)
         try:
             hash(key)
@@ -28,6 +30,7 @@ def _construct_mapping(loader, node, deep=False):
         if key in seen:
             raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
         seen[key] = True
+    # SafeConstructor.construct_mapping merges "<<" keys (explicit keys win over merged ones)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 

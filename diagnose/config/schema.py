@@ -12,6 +12,8 @@ the rest.
 """
 from __future__ import annotations
 
+import math
+import re
 import sys
 import typing
 from functools import lru_cache
@@ -175,6 +177,41 @@ def _check_type(path: str, t: str, v: Any) -> Optional[str]:
     return f"{path}: expected {names[t]}, got {v!r} ({type(v).__name__})"
 
 
+# values a type check lets through that no job can have: sizes and counts below 1, NaN and
+# infinities anywhere (a NaN compares false with every bound)
+_AT_LEAST_ONE = re.compile(r"(?:^|_)(?:parallel_size|num_layers|num_attention_heads|hidden_size|ffn_hidden_size|"
+                           r"num_query_groups|kv_channels|seq_length|sequence_length|micro_batch_size|"
+                           r"global_batch_size|vocab_size|num_moe_experts|moe_router_topk|train_iters)$")
+
+
+def _check_value(path: str, v: Any) -> Optional[str]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{path}: {v!r} is not a finite number"
+    name = path.rsplit(".", 1)[-1]  # (a fraction outside [0, 1] is the database's MB-OFF-051: MCore clamps it)
+    sized = path.startswith(("model.", "train.", "mlm."))  # dataset.sequence_parallel_size: 0 is Bridge's default
+    if sized and _AT_LEAST_ONE.search(name) and v < 1 and \
+            not (name.endswith("num_layers") and name != "num_layers" and v == 0):
+        return f"{path}: {v!r} must be at least 1"
+    return None
+
+
+def impossible_values(data: dict, prefix: str = "") -> list[str]:
+    """Every value no job can have (``_check_value``) anywhere in ``data``, known keys or not:
+    what --fix refuses before planning on it."""
+    out = []
+    for k, v in (data or {}).items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += impossible_values(v, path + ".")
+        else:
+            msg = _check_value(path, v)
+            if msg:
+                out.append(msg)
+    return out
+
+
 def validate(data: dict, skip: tuple = ()) -> list[str]:
     """Problems (one line each, naming the key's path): unknown sections/keys, wrong types."""
     sch = schema()
@@ -205,7 +242,7 @@ def validate(data: dict, skip: tuple = ()) -> list[str]:
             if t is None:
                 problems.append(f"{path}: unknown key")
                 continue
-            msg = _check_type(path, t, v)
+            msg = _check_type(path, t, v) or _check_value(path, v)
             if msg:
                 problems.append(msg)
     return problems
