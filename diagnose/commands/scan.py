@@ -38,6 +38,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
               help="The log of a good run of the same job: say how much slower this run is, since when, "
                    "and which timed component grew (diagnose compare's reading of both logs).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
+@click.option("-v", "--details", is_flag=True, help="Text report: every fix, the confirmation and all other findings.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Colour in the text report (auto: on a terminal; NO_COLOR / FORCE_COLOR are honoured).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Processes: one file each, and a file of 64 MB or more cut in pieces (default: every "
                    "core when several files of 16 MB or more in all, or one of 64 MB or more, are given; "
@@ -65,7 +68,7 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline, engine, mcore_version, baseline_ms,
          baseline_run,
          quiet, sig_path, fix_path, dry_run, overrides_mode, unsafe_fixes, relaunch, launcher_kind, launch_cmd,
-         max_attempts, history_path, world_size, gpu, gpu_memory, bridge_version, follow, jobs):
+         max_attempts, history_path, world_size, gpu, gpu_memory, bridge_version, follow, jobs, details, color):
     """Scan training logs and name the one root cause."""
     if fix_path or follow:
         from .fix import run_fix, run_follow
@@ -127,8 +130,9 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
         if not quiet:
             click.echo(f"diagnose: baseline of {n} finding(s) written to {write_baseline}", err=True)
     fmt = fmt or "text"
-    formatter = get_formatter(fmt, fail_on=fail_on, color=(output is None and sys.stdout.isatty()), db=db,
-                              baseline=baseline)
+    tty = output is None and sys.stdout.isatty()
+    formatter = get_formatter(fmt, fail_on=fail_on, color=tty if color == "auto" else color, db=db,
+                              baseline=baseline, details=details)
     out = formatter.render(report)
     if output:
         try:

@@ -1,0 +1,68 @@
+"""The first screen (issue 13): every report at 80, 100 and 160 columns fits the width, and the
+root cause, its evidence and the full overrides are within the first 15 lines, never cut."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnose.db import load
+from diagnose.diagnosis import diagnose_paths
+from diagnose.report import get_formatter
+
+REPO = Path(__file__).resolve().parent.parent
+LOGS = sorted(p for p in (REPO / "fixtures" / "logs").rglob("*.log*") if p.is_file())
+REAL = sorted((REPO / "fixtures" / "corpus" / "r3-nvidia").glob("*.log"))[:10]
+
+
+@pytest.fixture(scope="module")
+def reports():
+    db = load()
+    return {p: diagnose_paths([str(p)], db) for p in LOGS + REAL}
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+@pytest.mark.parametrize("details", [False, True], ids=["first-screen", "details"])
+def test_every_report_fits_the_width_and_tells_the_story_first(reports, width, details):
+    assert len(reports) > 20
+    for path, report in reports.items():
+        out = get_formatter("text", width=width, details=details).render(report)
+        lines = out.splitlines()
+        assert all(len(line) <= width for line in lines), (path.name, max(lines, key=len))
+        rc = report.root_cause
+        if rc is None:
+            assert lines[0].startswith("healthy"), path.name
+            continue
+        head = "\n".join(lines[:15])
+        assert f"[{rc.finding.signature.id}]" in lines[0], path.name
+        compact = "".join(l.strip() for l in lines[:15]).replace(" ", "")  # a long path wraps mid-token
+        assert f"{rc.hit.file}:{rc.hit.line}".replace(" ", "") in compact, path.name
+        assert "   | " in head, path.name  # the evidence line
+        if rc.overrides:
+            flat = " ".join(l.strip() for l in lines[:15])
+            for o in rc.overrides:  # every override whole, copy-pasteable, within the first screen
+                assert o in flat.replace("overrides: ", ""), (path.name, o)
+            assert not any("…" in l for l in lines if "=" in l and "overrides" in l), path.name
+        if not details:
+            assert len(lines) <= 15 + len(report.notes) * 3, (path.name, len(lines))
+
+
+def test_columns_is_honoured(monkeypatch, reports):
+    report = next(r for r in reports.values() if r.root_cause is not None)
+    monkeypatch.setenv("COLUMNS", "72")
+    out = get_formatter("text").render(report)
+    assert max(len(l) for l in out.splitlines()) <= 72
+
+
+@pytest.mark.parametrize("env,option,want", [({"NO_COLOR": "1"}, True, False), ({"FORCE_COLOR": "1"}, False, True),
+                                             ({}, True, True), ({}, False, False), ({"NO_COLOR": "1"}, "always", True),
+                                             ({"FORCE_COLOR": "1"}, "never", False)])
+def test_colour_follows_the_flag_and_the_environment(monkeypatch, reports, env, option, want):
+    """option: True/False = stdout is / is not a terminal (--color auto); "always"/"never" = --color."""
+    for k in ("NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    report = next(r for r in reports.values() if r.root_cause is not None)
+    out = get_formatter("text", width=100, color=option).render(report)
+    assert ("\x1b[" in out) is want
