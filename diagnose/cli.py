@@ -14,13 +14,28 @@ from . import __version__, exitcodes
 from . import commands
 
 
+def _looks_like_command(word: str) -> bool:
+    """A misspelt subcommand (``chek``): no such path, and close to a command's name."""
+    import difflib
+    import os
+
+    return not os.path.exists(word) and bool(difflib.get_close_matches(word, list(commands.REGISTRY), n=1,
+                                                                       cutoff=0.7))
+
+
 class DefaultGroup(click.Group):
     """A group whose default command is ``scan``."""
 
     default_command = "scan"
 
     def parse_args(self, ctx, args):
-        if not args or args[0] not in commands.REGISTRY and args[0] not in ("--help", "-h", "--version"):
+        if args and args[0] not in commands.REGISTRY and not args[0].startswith("-") and _looks_like_command(args[0]):
+            import difflib
+
+            near = difflib.get_close_matches(args[0], list(commands.REGISTRY), n=1, cutoff=0.7)
+            raise click.UsageError(f"{args[0]!r} is neither a file nor a command; did you mean "
+                                   f"'diagnose {near[0]}'?", ctx)
+        if not args or args[0] not in commands.REGISTRY and args[0] not in ("--help", "-h", "--version", "-V"):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
@@ -37,7 +52,7 @@ class DefaultGroup(click.Group):
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              epilog=exitcodes.HELP)
-@click.version_option(__version__, prog_name="diagnose")
+@click.version_option(__version__, "-V", "--version", prog_name="diagnose")
 def cli():
     """Diagnose failed Megatron-Core / Megatron-Bridge training runs.
 

@@ -98,3 +98,31 @@ def test_an_output_that_names_an_input_is_refused_and_the_input_kept(tmp_path, r
     base = str(tmp_path / "accepted.json")
     assert run_cli(log, "--write-baseline", base, "-q")[0] == 0
     assert run_cli(log, "--baseline", base, "--write-baseline", base, "-q")[0] == 0
+
+
+# --- the conventions of the tools users know (issue 13) -----------------------------------------
+def test_a_misspelt_subcommand_gets_did_you_mean(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli("chek", "foo.yaml")
+    assert code == exitcodes.USAGE and "did you mean 'diagnose check'" in err
+
+
+def test_a_file_named_like_a_command_is_still_scanned(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chek").write_text("all good\n")
+    code, out, err = run_cli("chek")
+    assert code == exitcodes.OK and "did you mean" not in err
+
+
+def test_short_version_flag(run_cli):
+    code, out, err = run_cli("-V")
+    assert code == 0 and out.startswith("diagnose, version")
+
+
+def test_signatures_test_and_list_refuse_what_does_not_exist(run_cli):
+    code, _, err = run_cli("signatures", "test", "MB-NOPE")
+    assert code == exitcodes.USAGE and "no signature 'MB-NOPE'" in err
+    code, _, err = run_cli("signatures", "list", "--category", "cuda_omm")
+    assert code == exitcodes.USAGE and "did you mean 'cuda_oom'" in err
+    code, out, _ = run_cli("signatures", "test", "MB-OFF-101")
+    assert code == 0 and "(1 signatures)" in out

@@ -66,11 +66,21 @@ def test_empty_file_is_read_and_healthy(run_cli, tmp_path):
 
 
 def test_binary_file(run_cli, tmp_path):
+    """Named explicitly, a binary file is not a log: a note and exit 2 (issue 13), never a
+    'healthy' verdict on random bytes."""
     p = tmp_path / "core.bin"
     p.write_bytes(random.Random(6).randbytes(2_000_000))
-    code, report, _ = _scan(run_cli, p)
-    assert code in (0, 1) and report["inputs"] == [str(p)]
-    assert report["stats"]["bytes"] == 2_000_000 and report["notes"] == []
+    code, out, err = run_cli(str(p), "--format", "json")
+    assert code == 2 and "binary file" in err and "nothing could be read" in err
+
+
+def test_binary_files_in_a_folder_are_skipped_and_counted(run_cli, tmp_path):
+    (tmp_path / "model.pt").write_bytes(b"PK\x03\x04" + random.Random(1).randbytes(100_000))
+    (tmp_path / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + random.Random(2).randbytes(5000))
+    (tmp_path / "rank0.log").write_bytes(OOM + b"\n")
+    code, report, _ = _scan(run_cli, tmp_path)
+    assert code == 1 and report["inputs"] == [str(tmp_path / "rank0.log")]
+    assert any("2 binary file(s) skipped" in n for n in report["notes"]), report["notes"]
 
 
 def test_nul_bytes_do_not_hide_a_failure(run_cli, tmp_path):
@@ -458,8 +468,8 @@ def test_parallel_scan_reports_the_same_notes(run_cli, tmp_path):
     code1, serial, _ = _scan(run_cli, d)
     code2, par, _ = _scan(run_cli, d, extra=("--jobs", "2"))
     assert code1 == code2 == 1
-    assert serial["inputs"] == par["inputs"] == [str(d / "a.log"), str(d / "b.gz"), str(d / "d.bin")]
-    assert serial["notes"] == par["notes"] and len(serial["notes"]) == 5
+    assert serial["inputs"] == par["inputs"] == [str(d / "a.log"), str(d / "b.gz")]  # d.bin: binary, skipped
+    assert serial["notes"] == par["notes"] and len(serial["notes"]) == 6
     assert _ids(serial) == _ids(par)
 
 

@@ -21,6 +21,14 @@ def signatures():
 def list_(category, fmt):
     """One line per signature."""
     db = load_db()
+    if category and category not in {s.category for s in db.signatures}:
+        import difflib
+
+        from ..model import CATEGORIES
+
+        near = difflib.get_close_matches(category, list(CATEGORIES), n=1)
+        raise click.UsageError(f"--category {category!r}: no such category" +
+                               (f"; did you mean {near[0]!r}?" if near else f" (one of: {', '.join(CATEGORIES)})"))
     sigs = [s for s in db.signatures if not category or s.category == category]
     if fmt == "json":
         import json
@@ -33,7 +41,7 @@ def list_(category, fmt):
         t.add_column(col)
     for s in sigs:
         t.add_row(s.id, s.slug, s.category, s.severity, s.role, s.scope, escape(s.title))
-    Console(width=200).print(t)
+    Console(highlight=False).print(t)  # the terminal's width (COLUMNS), not a fixed 200
     click.echo(f"{len(sigs)} signatures in {len(db.files)} files")
     return exitcodes.OK
 
@@ -109,7 +117,10 @@ def test(ids, verbose):
     from ..sigtest import run_all
 
     db = load_db()
-    results = run_all(db, set(ids) or None)
+    unknown = [i for i in ids if db.get(i) is None]
+    if unknown:
+        raise click.UsageError(f"no signature {', '.join(map(repr, unknown))} (see: diagnose signatures list)")
+    results = run_all(db, {db.get(i).id for i in ids} or None)
     bad = [r for r in results if not r.ok]
     for r in results if verbose else bad:
         mark = "ok  " if r.ok else "FAIL"

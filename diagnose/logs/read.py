@@ -64,8 +64,37 @@ class Chunk:
     size: Optional[int] = None  # bytes of the source this chunk stands for (data may be shorter: normalize)
 
 
+BINARY_PROBE = 8192  # bytes looked at to tell a binary file (a checkpoint, an image) from a log
+
+
+def is_binary(path: Path) -> bool:
+    """A binary file, as ripgrep decides it (a NUL in the first block) but kinder to logs with
+    stray NULs: NULs *and* bytes that are not UTF-8 text. Compressed streams and UTF-16/32 text
+    (by their magic bytes / BOM) are logs."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(BINARY_PROBE)
+    except OSError:
+        return False
+    if head[:2] == GZIP_MAGIC or head[:6] == XZ_MAGIC or head[:4] == ZSTD_MAGIC or \
+            (head[:3] == BZ2_MAGIC and head[3:4].isdigit()) or any(head.startswith(b) for b, _ in BOMS):
+        return False
+    if b"\x00" not in head:
+        return False
+    text = head.replace(b"\x00", b"")
+    if len(head) == BINARY_PROBE:
+        text = text[:-4]  # a multi-byte character cut by the probe is not binary
+    try:
+        text.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
+
+
 def iter_sources(paths, notes: list) -> Iterator[Source]:
-    """Expand the user's paths. Problems that leave other inputs readable go to ``notes``."""
+    """Expand the user's paths. Problems that leave other inputs readable go to ``notes``.
+    Binary files (``is_binary``: checkpoints, images, core dumps) are not logs: in a folder they
+    are skipped with one note that counts them; named explicitly, with a note of their own."""
     for raw in paths:
         if raw == "-":
             yield Source("-", None)
@@ -80,7 +109,18 @@ def iter_sources(paths, notes: list) -> Iterator[Source]:
             notes.append(f"{raw}: cannot read ({exc.strerror or exc})")
             continue
         if stat.S_ISDIR(st.st_mode):
-            yield from _walk(p, notes)
+            binary: list = []
+            for src in _walk(p, notes):
+                if is_binary(src.path):
+                    binary.append(src.path.name)
+                else:
+                    yield src
+            if binary:
+                notes.append(f"{raw}: {len(binary)} binary file(s) skipped (not logs: " + ", ".join(binary[:3])
+                             + (", ..." if len(binary) > 3 else "") + ")")
+        elif stat.S_ISREG(st.st_mode) and is_binary(p):
+            notes.append(f"{raw}: a binary file (NUL bytes and no UTF-8 text in its first {BINARY_PROBE} bytes), "
+                         "not a log: skipped")
         elif stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode):
             yield Source(str(raw), p)
         else:
