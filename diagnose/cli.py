@@ -62,6 +62,9 @@ def cli():
       diagnose logs/ --fix cfg.yaml --relaunch  ...then relaunch, follow, repeat
       diagnose check cfg.yaml [key=value ...]   preflight a config before any GPU is spent
       diagnose signatures list|show ID|test     the signature database
+
+    The scan's options (--format, --config, --baseline, --fix, --relaunch, -v ...) are listed
+    by 'diagnose scan --help'.
     """
 
 

@@ -11,3 +11,7 @@ UNSAFE_REFUSED = 7  # --fix: the fix is unsafe and --unsafe-fixes was not given
 HELP = """Exit codes: 0 healthy / nothing at or above --fail-on; 1 failure found; 2 usage or input
 error; 3 internal error; 4 fixed and the relaunched run is healthy; 5 relaunched and failed
 again; 6 no fix known; 7 unsafe fix refused (use --unsafe-fixes)."""
+
+# check never fixes or relaunches: only the codes it can return
+HELP_CHECK = """Exit codes: 0 the config passes (nothing at or above --fail-on); 1 a rule fires at or above
+--fail-on (or the memory estimate does not fit); 2 usage error or unreadable config; 3 internal error."""

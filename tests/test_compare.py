@@ -81,9 +81,12 @@ def test_max_loss_delta_is_settable(run_cli):
 
 def test_memory_not_checked_without_world_size_or_config(run_cli):
     # a Bridge log does not print the world size: the expected drop is not guessed
-    code, doc, _ = run(run_cli, BASE, str(COMPARE / "bridge_offload50_memory_fail.log"))
+    code, doc, err = run(run_cli, BASE, str(COMPARE / "bridge_offload50_memory_fail.log"))
     assert code == 0 and status(doc)["memory"] == "not checked"
+    assert "not checked: memory" in err  # said, not silent (issue 13)
     assert "--world-size" in next(c for c in doc["criteria"] if c["name"] == "memory")["detail"]
+    code, doc, _ = run(run_cli, BASE, str(COMPARE / "bridge_offload50_memory_fail.log"), "--strict")
+    assert code == 1  # --strict: what cannot be checked fails the gate
     # no config in the log and none given: neither memory nor speed can be judged
     code, doc, _ = run(run_cli, BASE, str(COMPARE / "bridge_offload50_noconfig.log"), "--world-size", "16")
     assert status(doc)["memory"] == "not checked" and status(doc)["speed"] == "not checked"

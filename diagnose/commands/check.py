@@ -227,7 +227,7 @@ def render_text(res: dict, versions_text: str, color: bool) -> str:
     return buf.getvalue()
 
 
-@click.command(epilog=exitcodes.HELP)
+@click.command(epilog=exitcodes.HELP_CHECK)
 @click.argument("config")
 @click.argument("overrides", nargs=-1)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)

@@ -170,8 +170,9 @@ def plot_png(cmp: Comparison, path: str) -> None:
 
 # --------------------------------------------------------------------------- command
 
-@click.command(epilog="Exit codes: 0 every criterion passes (or cannot be checked); 1 a criterion failed; "
-                      "2 usage or input error; 3 internal error.")
+@click.command(epilog="Exit codes: 0 no criterion failed (those not checked are listed on stderr; --strict fails "
+                      "on them); 1 a criterion failed; 2 usage or input error, or no criterion could be checked at "
+                      "all; 3 internal error.")
 @click.argument("baseline_log", type=str)
 @click.argument("run_log", type=str)
 @click.option("--config", "config_path", type=str, help="The offloaded run's config (else the one its log printed).")
@@ -188,8 +189,9 @@ def plot_png(cmp: Comparison, path: str) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw loss and iteration time to a PNG.")
 @click.option("--chart/--no-chart", default=True, show_default=True, help="Terminal chart under the table (text).")
 @click.option("--mcore-version", help="Megatron-Core version of the jobs (default: the newest known).")
+@click.option("--strict", is_flag=True, help="A criterion that cannot be checked fails the comparison (exit 1).")
 def compare(baseline_log, run_log, config_path, max_loss_delta, time_tolerance, memory_tolerance, world_size, fmt,
-            plot_path, chart, mcore_version):
+            plot_path, chart, mcore_version, strict):
     """Check an offloaded run against its non-offloaded baseline: completed without OOM/NCCL
     error, loss matches at every common iteration, memory dropped with the offload fraction,
     iteration time within the expected penalty."""
@@ -215,4 +217,13 @@ def compare(baseline_log, run_log, config_path, max_loss_delta, time_tolerance, 
             click.echo(render_chart(cmp, ascii_only="utf" not in enc), nl=False)
         if plot_path:
             click.echo(f"plot written to {plot_path}")
-    return exitcodes.OK if cmp.passed else exitcodes.FINDINGS
+    unchecked = [c.name for c in cmp.criteria if c.status == NOT_CHECKED]
+    if unchecked:
+        click.echo(f"diagnose: not checked: {', '.join(unchecked)}" + ("" if strict else " (--strict fails on that)"),
+                   err=True)
+    if not cmp.passed:
+        return exitcodes.FINDINGS
+    if unchecked and len(unchecked) == len(cmp.criteria):
+        click.echo("diagnose: no criterion could be checked", err=True)
+        return exitcodes.USAGE
+    return exitcodes.FINDINGS if (strict and unchecked) else exitcodes.OK
