@@ -82,3 +82,12 @@ def test_paths_relative_to_the_workspace(tmp_path, run_cli, monkeypatch):
     log = write(tmp_path / "logs" / "train.log", healthy_lines() + oom_lines())
     _, out, _ = run_cli(log, "--format", "github")
     assert parse(out)[0][1]["file"] == "logs/train.log"
+
+
+def test_a_refining_root_cause_is_annotated_once_per_line(run_cli, repo):
+    """The seed's OOM is MB-OFF-101, which refines MB-OOM-001 on the same line: one annotation."""
+    log = str(repo / "fixtures" / "logs" / "seed" / "qwen3_30b_a3b_activation_offload_pp1_oom.log")
+    code, out, _ = run_cli(log, "--format", "github")
+    rows = parse(out)
+    ids = [p["title"].split()[0] for _, p, _ in rows]
+    assert "MB-OFF-101" in ids and "MB-OOM-001" not in ids

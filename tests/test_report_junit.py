@@ -57,3 +57,11 @@ def test_healthy_log_has_no_failure(tmp_path, run_cli):
     code, root, _ = junit(run_cli, write(tmp_path / "ok.log", healthy_lines(160)))
     assert code == 0 and root.get("failures") == "0"
     assert all(tc.find("failure") is None for tc in cases(root).values())
+
+
+def test_the_root_cause_is_the_first_testcase(run_cli, repo):
+    """A CI page lists cases in file order: the root cause comes first, before confirmations."""
+    log = str(repo / "fixtures" / "logs" / "seed" / "qwen3_30b_a3b_activation_offload_pp1_oom.log")
+    code, root, _ = junit(run_cli, log)
+    first = root.find("testsuite").find("testcase")
+    assert first.get("name").startswith("MB-OFF-101") and first.find("failure") is not None

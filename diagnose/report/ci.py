@@ -33,6 +33,15 @@ def ordered(report: Report) -> list[Finding]:
                                                   sev.get(f.signature.severity, 3), f.first.order))
 
 
+def annotated(report: Report) -> list[Finding]:
+    """``ordered``, without the generic finding the root cause refines where both point at the
+    same line (one annotation per line: the specific one)."""
+    rc = report.root_cause
+    gen = rc.refines if rc is not None else None
+    same = gen is not None and (gen.first.file, gen.first.line) == (rc.hit.file, rc.hit.line)
+    return [f for f in ordered(report) if not (same and f is gen)]
+
+
 def is_root(report: Report, f: Finding) -> bool:
     return report.root_cause is not None and report.root_cause.finding is f
 

@@ -52,7 +52,7 @@ class GithubFormatter(Formatter):
         baseline = self.options.get("baseline")
         g = ci.gate_of(report, self.fail_on, baseline)
         per_level: dict = {"error": [], "warning": [], "notice": []}
-        for f in ci.ordered(report):
+        for f in ci.annotated(report):
             st = ci.status(f, g)
             if st == "fail":
                 lvl = "error"

@@ -38,6 +38,10 @@ class JunitFormatter(Formatter):
         sigs = list(db.signatures)
         ids = {s.id for s in sigs}
         sigs += [f.signature for f in report.findings if f.signature.id not in ids]
+        # the root cause's suite and case first, then the findings (ci.ordered), then the rest
+        first = [f.signature.id for f in ci.ordered(report)]
+        rank = {sid: i for i, sid in enumerate(first)}
+        sigs.sort(key=lambda s: rank.get(s.id, len(rank)))
 
         suites: "OrderedDict[str, list]" = OrderedDict()
         for s in sigs:
