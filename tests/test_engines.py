@@ -291,3 +291,29 @@ def test_a_plan_that_stops_fitting_the_data_is_made_again(db):
     assert swept.scan(quiet) == reference(anchors, quiet) and swept.replans == 0
     assert swept.scan(busy) == reference(anchors, busy)
     assert swept.replans == 1 and swept.plan is None  # the next large buffer is planned again
+
+
+def test_glog_time_and_thread_do_not_defeat_the_verify_cache(monkeypatch):
+    """A warning storm: the same c10d warning on 512 ranks, each line with its own glog time and
+    thread id. The regex runs once per distinct message, not once per line (issue 14)."""
+    import diagnose.scan as SC
+    from diagnose.diagnosis import scan_text
+
+    calls = []
+    real = SC.verify
+    monkeypatch.setattr(SC, "verify", lambda sig, msg: calls.append(msg) or real(sig, msg))
+    lines = [f"[rank{r}]:[W1130 10:58:{r % 60:02d}.{r * 7919:09d} {40000 + r} torch/csrc/distributed/c10d/"
+             f"ProcessGroupNCCL.cpp:1234] Warning: TORCH_NCCL_AVOID_RECORD_STREAMS is deprecated "
+             "(function ProcessGroupNCCL)" for r in range(512)]
+    scan_text("\n".join(lines) + "\n")
+    assert 0 < len(calls) <= 8, len(calls)
+    assert all(not c.startswith("[W1130") for c in calls)  # the glog time and thread are framing
+
+
+def test_glog_framing_keeps_rank_and_source_location():
+    from diagnose.logs.lines import split_prefix
+
+    rank, msg = split_prefix("[rank3]:[E1130 10:58:34.718000123 4242 ProcessGroupNCCL.cpp:683] [Rank 3] Watchdog caught")
+    assert rank == 3 and msg.startswith("ProcessGroupNCCL.cpp:683] [Rank 3] Watchdog caught")
+    rank, msg = split_prefix("E1130 10:58:34.718000 4242 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1534] x")
+    assert msg.startswith("torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1534] x")

@@ -20,6 +20,10 @@ _PREFIXES = [
     (re.compile(r"^\[\d{1,3}(?:;\d{1,3})*m"), "time"),
     # a clock alone: "21:39:56.349 "
     (re.compile(r"^\d\d:\d\d:\d\d\.\d{3} (?=\()"), "time"),
+    # glog's level, date, time and thread id (torch c10d, NCCL): "[W1130 10:58:34.718000123 4242 " /
+    # "E1130 10:58:34.718000 4242 ": they change on every line; the source location after them
+    # ("ProcessGroupNCCL.cpp:1234] ...") stays, it is part of what the line says
+    (re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{1,9}(?: +\d+)? +(?=\S+:\d+\] )"), "time"),
     # srun -l / NeMo-Run multi-node:   " 2: [rank2]: ..." or "15: ..."
     (re.compile(r"^\s{0,3}(\d{1,5}): "), "task"),
     # NeMo-Run / torchx:                "i.pretrain/0 [default2]:"
