@@ -84,3 +84,19 @@ def test_version_applicability():
     assert DB.applies_to(s6, {"megatron-core": "0.16.1"}) and not DB.applies_to(s7, {"megatron-core": "0.16.1"})
     assert DB.applies_to(s7, {"megatron-core": "0.19.2"}) and not DB.applies_to(s6, {"megatron-core": "0.19.2"})
     assert DB.applies_to(s6, {})
+
+
+def test_version_ranges_follow_the_released_sources():
+    """Checked against the Megatron-LM tags (issue 12, item 8): the activation_offload_fraction and
+    fused_group_mlp messages first appear in core_v0.19.0 (not 0.18.2); the distributed optimizer's
+    'Only Adam ...' assertion has two wordings (<= 0.18.2 and 0.19.0), both anchored."""
+    from diagnose.db import applies_to, load
+    from diagnose.diagnosis import diagnose_text
+
+    db = load()
+    for sid in ("MB-OFF-023", "MB-OFF-024"):
+        sig = db.get(sid)
+        assert not applies_to(sig, {"megatron-core": "0.18.2"}) and applies_to(sig, {"megatron-core": "0.19.0"})
+    old = ("[rank0]: AssertionError: Only Adam and HybridDeviceOptimizer currently supported, "
+           "due to checkpointing requirements.\n")
+    assert diagnose_text(old).root_cause.finding.signature.id == "MB-OFF-034"
