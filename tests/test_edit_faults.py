@@ -279,13 +279,20 @@ def test_a_lock_naming_a_reused_pid_is_stale(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(TINY.read_text())
     lock = tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)
-    lock.write_text(f"{os.getppid()} 1\n")  # our parent is alive; it did not start at tick 1
-    with E.FileLock(cfg) as held:
-        assert held.took_over and "another process" in held.took_over
-    lock.write_text(f"{os.getppid()} {E._start_time(os.getppid())}\n")  # the live owner itself: respected
-    with pytest.raises(E.EditError, match="being edited by another"):
-        with E.FileLock(cfg):
-            pass
+    # a process of our own stands for the other owner (never a PID we did not start: the lock code
+    # signals the PID it reads, and a mutant of it must not reach anyone else)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(f"{other.pid} 1\n")  # alive, but it did not start at tick 1: another process
+        with E.FileLock(cfg) as held:
+            assert held.took_over and "another process" in held.took_over
+        lock.write_text(f"{other.pid} {E._start_time(other.pid)}\n")  # the live owner itself: respected
+        with pytest.raises(E.EditError, match="being edited by another"):
+            with E.FileLock(cfg):
+                pass
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_mode_of_a_private_config_is_kept_for_the_file_and_its_backup(tmp_path):
