@@ -132,3 +132,22 @@ def test_cli_follow_prints_findings_live_and_stops_at_the_fatal_line(tmp_path):
             proc.kill()
     assert proc.returncode == 1, err
     assert '"signature": "MB-OOM-001"' in out and "fatal root cause seen" in err
+
+
+def test_a_file_rewritten_in_place_past_the_old_offset_is_read_anew(tmp_path):
+    """Issue 16, item 14: truncated and regrown beyond where the follower was between two polls
+    (same inode, larger size): the new content is read from its first line."""
+    log = tmp_path / "run.log"
+    with open(log, "w") as fh:
+        fh.write("".join(ITER.format(s=1, i=i, c=1024 * i) + "\n" for i in range(1, 4)))
+    fol = Follower(log, load())
+    fol.poll()
+    assert fol.fatal() is None
+    ino = log.stat().st_ino
+    with open(log, "r+") as fh:  # in place: same inode
+        fh.truncate(0)
+        fh.write("a new run started here\n" * 40 + OOM + "\n")
+    assert log.stat().st_ino == ino and log.stat().st_size > fol.offset
+    fol.poll()
+    rc = fol.fatal()
+    assert rc is not None and rc.first.line == 41

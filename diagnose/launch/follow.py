@@ -33,6 +33,9 @@ def is_fatal(f: Finding) -> bool:
     return s.role == "root" and s.severity == "error" and s.scope in ("line", "refine")
 
 
+HEAD_BYTES = 256  # compared on every poll to tell a rewritten file from a grown one
+
+
 class Follower:
     def __init__(self, path: str | os.PathLike, db: Optional[Database] = None, config=None,
                  versions: Optional[dict] = None, name: Optional[str] = None):
@@ -46,6 +49,7 @@ class Follower:
         self.carry = b""
         self._seen: dict[str, int] = {}
         self._ino = None
+        self._head = b""  # the first bytes read: a file rewritten in place shows other bytes there
         self.closed = False
         self.res = self._fresh()
         self.first_fatal_at: Optional[float] = None  # monotonic time the fatal line was read
@@ -54,7 +58,7 @@ class Follower:
         return ScanResult(Findings(), S.Structure(), [], engine=self.scanner.engine.name)
 
     def _restart(self):
-        self.offset, self.line, self.carry = 0, 1, b""
+        self.offset, self.line, self.carry, self._head = 0, 1, b"", b""
         self._seen.clear()
         self.res = self._fresh()
 
@@ -66,12 +70,20 @@ class Follower:
         if self._ino is not None and (st.st_ino != self._ino or st.st_size < self.offset + len(self.carry)):
             self._restart()  # replaced or truncated
         self._ino = st.st_ino
-        start = self.offset + len(self.carry)
-        if st.st_size <= start:
-            return b""
         with open(self.path, "rb") as fh:
+            if self._head:
+                # truncated and grown again past where we were between two polls (a job restarted
+                # into the same file, `>` instead of `>>`): the first bytes differ; read it anew
+                if fh.read(len(self._head)) != self._head:
+                    self._restart()
+            start = self.offset + len(self.carry)
+            if st.st_size <= start:
+                return b""
             fh.seek(start)
-            return fh.read(min(st.st_size - start, READ_MAX))
+            data = fh.read(min(st.st_size - start, READ_MAX))
+            if len(self._head) < HEAD_BYTES and start == len(self._head):
+                self._head += data[:HEAD_BYTES - len(self._head)]
+            return data
 
     def poll(self) -> list[Finding]:
         """Scan the lines appended since the last poll; the findings that are new or grew."""
