@@ -107,10 +107,15 @@ def test_detected_within_one_second_of_being_written(tmp_path):
 
 
 def test_cli_follow_prints_findings_live_and_stops_at_the_fatal_line(tmp_path):
+    """Live lines are announced within a second; with --format json they go to stderr and stdout
+    holds the JSON report alone (issue 16, item 16); with -o FILE the report goes to FILE."""
+    import json
+
     log = tmp_path / "run.log"
     log.write_text("")
+    out_file = tmp_path / "report.json"
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
-                             str(log), "--follow", "--format", "json"],
+                             str(log), "--follow", "--format", "json", "-o", str(out_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -118,20 +123,20 @@ def test_cli_follow_prints_findings_live_and_stops_at_the_fatal_line(tmp_path):
         time.sleep(0.2)
         t_write = time.monotonic()
         _append(log, OOM + "\n")
-        line = proc.stdout.readline()  # the live line for the first finding
+        line = proc.stderr.readline()  # the live line for the first finding
         lag = time.monotonic() - t_write
         assert "MB-OOM-001" in line or "MB-OOM-011" in line, line
         assert lag < 1.0, f"live line after {lag:.2f} s"
-        # read the rest through the same text wrappers: communicate() reads the raw pipes and would
-        # lose what readline() already buffered (the final report often arrives with the live line)
-        out = line + proc.stdout.read()
-        err = proc.stderr.read()
+        out = proc.stdout.read()
+        err = line + proc.stderr.read()
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err
-    assert '"signature": "MB-OOM-001"' in out and "fatal root cause seen" in err
+    assert out == "" and "fatal root cause seen" in err and "report written to" in err
+    doc = json.loads(out_file.read_text())  # the report alone, whole JSON
+    assert doc["root_cause"]["signature"] == "MB-OOM-001"
 
 
 def test_a_file_rewritten_in_place_past_the_old_offset_is_read_anew(tmp_path):

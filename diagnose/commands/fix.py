@@ -227,8 +227,12 @@ def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind,
     return res.code
 
 
-def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s: float = POLL_S) -> int:
-    """Diagnose ``path`` as it grows; stop at the first fatal root cause or on Ctrl-C."""
+def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s: float = POLL_S,
+               output: str = None) -> int:
+    """Diagnose ``path`` as it grows; stop at the first fatal root cause or on Ctrl-C. The live
+    lines go to stdout only with the text report on stdout; with a machine format or ``-o FILE``
+    they go to stderr, so stdout (or FILE) holds the report alone."""
+    live_err = bool(output) or getattr(formatter, "machine", True)
     fol = Follower(path, db, cfg)
     if not Path(path).exists():
         _err(f"diagnose: waiting for {path} to appear", quiet)
@@ -239,8 +243,8 @@ def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s:
                 h = f.first
                 click.echo(f"{time.strftime('%H:%M:%S')} {f.id} [{f.signature.severity}/{f.signature.role}] "
                            f"{f.signature.title} ({h.file}:{h.line}" + (f", rank {h.rank}" if h.rank is not None else "")
-                           + f") x{f.count}")
-                sys.stdout.flush()
+                           + f") x{f.count}", err=live_err)
+                (sys.stderr if live_err else sys.stdout).flush()
             if fol.fatal() is not None:
                 _err("diagnose: fatal root cause seen; stopped following", quiet)
                 break
@@ -248,5 +252,14 @@ def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s:
     except KeyboardInterrupt:
         _err("diagnose: stopped following (Ctrl-C)", quiet)
     report = fol.report()
-    click.echo(formatter.render(report), nl=False)
+    out = formatter.render(report)
+    if output:
+        try:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(out)
+        except OSError as exc:
+            raise click.ClickException(f"{output}: cannot write the report ({exc.strerror or exc})") from None
+        _err(f"diagnose: report written to {output}", quiet)
+    else:
+        click.echo(out, nl=False)
     return exit_code(report, fail_on)

@@ -78,8 +78,9 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
         if follow:
             if len(paths) != 1:
                 raise click.UsageError("--follow takes exactly one log file")
-            formatter = get_formatter(fmt or "text", fail_on=fail_on, color=sys.stdout.isatty(), db=db)
-            return run_follow(paths[0], db, load_cfg(config_path), formatter, fail_on, exit_code, quiet)
+            formatter = get_formatter(fmt or "text", fail_on=fail_on, color=sys.stdout.isatty() and not output, db=db)
+            return run_follow(paths[0], db, load_cfg(config_path), formatter, fail_on, exit_code, quiet,
+                              output=output)
         return run_fix(paths=paths, fix_path=fix_path, dry_run=dry_run, overrides_mode=overrides_mode,
                        unsafe=unsafe_fixes, relaunch=relaunch, launcher_kind=launcher_kind, launch_cmd=launch_cmd,
                        max_attempts=max_attempts, history_path=history_path, world_size=world_size, gpu=gpu,
