@@ -184,3 +184,40 @@ time.sleep(300)
     state = subprocess.run(["scontrol", "show", "job", "-o", rec["job_id"]], env=slurm, capture_output=True,
                            text=True).stdout
     assert "JobState=CANCELLED" in state
+
+
+def test_scontrol_values_with_spaces_are_read_whole():
+    """Issue 16, item 6: a log path with a space was cut at the space (the wrong file followed)."""
+    from diagnose.launch.slurm import parse_scontrol
+
+    line = ("JobId=12 JobName=wrap UserId=root(0) GroupId=root(0) JobState=RUNNING Reason=None "
+            "Dependency=(null) ExitCode=0:0 Command=/runs/my job/train.sh --lr=0.1 WorkDir=/runs/my job "
+            "StdErr=/runs/my job/diagnose runs/attempt-1 x.log StdIn=/dev/null "
+            "StdOut=/runs/my job/diagnose runs/attempt-1 x.log Power= TRES=cpu=1,mem=1G,node=1")
+    d = parse_scontrol(line + "\n")
+    assert d["StdOut"] == "/runs/my job/diagnose runs/attempt-1 x.log" and d["JobState"] == "RUNNING"
+    assert d["Command"] == "/runs/my job/train.sh --lr=0.1" and d["TRES"] == "cpu=1,mem=1G,node=1"
+    assert d["Power"] == "" and d["ExitCode"] == "0:0"
+
+
+def test_slurm_early_abort_in_a_folder_with_spaces(slurm, tmp_path):
+    """The job's output file sits under a path with spaces: the right file is followed (the
+    fatal line is seen and the job scancelled within 2 s)."""
+    work = tmp_path / "my runs" / "job one"
+    work.mkdir(parents=True)
+    shutil.copy(CFG, work / "cfg.yaml")
+    script = work / "hang job.py"
+    script.write_text(f"""import time
+print("training...", flush=True)
+time.sleep(1.0)
+print({OOM!r}, flush=True)
+open("written.at", "w").write(repr(time.time()))
+time.sleep(300)
+""")
+    r = diagnose("--fix", "cfg.yaml", "--relaunch", "--launcher", "slurm", "--world-size", "2",
+                 "--launch-cmd", shlex.join([sys.executable, str(script)]), "--history", "h.jsonl",
+                 "--max-attempts", "1", cwd=work, env=slurm, timeout=180)
+    assert r.returncode == exitcodes.RELAUNCH_FAILED, r.stderr
+    rec = [json.loads(l) for l in (work / "h.jsonl").read_text().splitlines()][-1]
+    assert rec["outcome"] == "stopped_early" and " " in rec["log"] and Path(rec["log"]).is_file()
+    assert rec["ended_at"] - float((work / "written.at").read_text()) < 2.0

@@ -28,6 +28,15 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
           "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
 
 
+_FIELD = re.compile(r"(?:^|(?<= ))([A-Za-z][\w:/]*)=(.*?)(?= [A-Za-z][\w:/]*=|\s*$)", re.S)
+
+
+def parse_scontrol(text: str) -> dict:
+    """``scontrol show job -o``'s ``Key=Value`` pairs. A value runs to the next `` Key=``, so a
+    path with spaces (``StdOut=/runs/my run/attempt 1.log``) is read whole."""
+    return {k: v for k, v in _FIELD.findall(text.strip())}
+
+
 def _run(argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -102,7 +111,7 @@ class SlurmLauncher(Launcher):
         cp = _run(["scontrol", "show", "job", "-o", job_id])
         if cp.returncode != 0:
             return {}
-        return dict(re.findall(r"(\w+)=(\S*)", cp.stdout))
+        return parse_scontrol(cp.stdout)
 
     def _sacct(self, job_id: str) -> dict:
         if shutil.which("sacct") is None:
