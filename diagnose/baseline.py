@@ -78,6 +78,10 @@ def load(path: str) -> Baseline:
         raise BaselineError(f"{path}: is a directory, expected a baseline file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BaselineError(f"{path}: not a diagnose baseline (invalid JSON: {exc})") from None
+    except RecursionError:
+        raise BaselineError(f"{path}: not a diagnose baseline (JSON nested too deep)") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise BaselineError(f"{path}: not a diagnose baseline ({exc})") from None
     except OSError as exc:
         raise BaselineError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if not isinstance(doc, dict) or "diagnose_baseline" not in doc or not isinstance(doc.get("findings"), list):

@@ -119,11 +119,21 @@ def _load(path: str) -> Database:
     return db
 
 
+def _priority(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not -1000 <= v <= 1000:
+        raise DatabaseError(f"priority: expected an integer in [-1000, 1000], got {v!r}")
+    return v
+
+
 def _load_file(path: Path) -> Iterable[Signature]:
     try:
         doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise DatabaseError(f"{path.name}: invalid YAML: {exc}") from None
+    except UnicodeDecodeError:
+        raise DatabaseError(f"{path.name}: not UTF-8 text") from None
+    except OSError as exc:
+        raise DatabaseError(f"{path.name}: cannot read ({exc.strerror or exc})") from None
     if not isinstance(doc, dict) or "signatures" not in doc:
         raise DatabaseError(f"{path.name}: expected a mapping with 'schema_version' and 'signatures'")
     if doc.get("schema_version") != SCHEMA_VERSION:
@@ -407,6 +417,8 @@ def _build(raw: dict, fname: str) -> Signature:
     if not all(isinstance(a, str) and a for a in anchors):
         raise DatabaseError("anchors must be non-empty strings")
     pattern = match.get("regex")
+    if pattern is not None and not isinstance(pattern, str):
+        raise DatabaseError(f"regex must be a string, got {pattern!r}")
     if scope == "line" and not anchors:
         raise DatabaseError("a line signature needs at least one literal anchor")
     if pattern is not None:
@@ -455,7 +467,7 @@ def _build(raw: dict, fname: str) -> Signature:
         confirm_when=confirm.get("when"), fixes=fixes,
         references=tuple(r if isinstance(r, dict) else {"path": str(r)} for r in refs),
         applies={k: str(v) for k, v in applies.items()}, tests_match=tm, tests_no_match=tn,
-        file=fname, priority=int(raw.get("priority", 50)),
+        file=fname, priority=_priority(raw.get("priority", 50)),
         supersedes=tuple(raw.get("supersedes") or ()), demoted_by=tuple(raw.get("demoted_by") or ()),
         refines=refines,
         metric=raw.get("metric"), when_captures=match.get("captures_when"),

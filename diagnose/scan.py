@@ -55,7 +55,7 @@ def enrich_captures(caps: dict) -> dict:
             b = size_bytes(v)
             if b is not None:
                 out[k + "_bytes"] = b
-        elif isinstance(v, str) and re.fullmatch(r"-?\d+", v):
+        elif isinstance(v, str) and re.fullmatch(r"-?\d{1,30}", v):  # longer: kept as text
             out[k] = int(v)
     return out
 

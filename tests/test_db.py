@@ -100,3 +100,26 @@ def test_version_ranges_follow_the_released_sources():
     old = ("[rank0]: AssertionError: Only Adam and HybridDeviceOptimizer currently supported, "
            "due to checkpointing requirements.\n")
     assert diagnose_text(old).root_cause.finding.signature.id == "MB-OFF-034"
+
+
+@pytest.mark.parametrize("field,why", [("    priority: high\n", "priority: expected an integer"),
+                                       ("    priority: 99999999\n", "priority: expected an integer"),
+                                       ("    match: {anchors: [xyz], regex: 5}\n", "regex must be a string")])
+def test_bad_signature_fields_are_one_line_errors(tmp_path, field, why):
+    from diagnose.db import DatabaseError, load
+
+    body = ("schema_version: 1\nsignatures:\n  - id: MB-X-001\n    slug: x\n    title: x\n    category: other\n"
+            "    severity: error\n    role: root\n    cause: x\n    tests:\n      match: [xyz]\n")
+    if "match:" not in field:
+        body += "    match: {anchors: [xyz]}\n"
+    (tmp_path / "a.yaml").write_text(body + field)
+    with pytest.raises(DatabaseError, match=why):
+        load(str(tmp_path))
+
+
+def test_a_signature_file_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    from diagnose.db import DatabaseError, load
+
+    (tmp_path / "a.yaml").write_bytes(b"schema_version: 1\nsignatures:\n  - id: MB-X-001\n    title: \xff\xfe\n")
+    with pytest.raises(DatabaseError, match="not UTF-8"):
+        load(str(tmp_path))

@@ -518,3 +518,31 @@ def test_ansi_code_inside_an_anchor_does_not_hide_it(run_cli, tmp_path):
     p.write_bytes(OOM.replace(b"out of memory", b"out of \x1b[1;31mmemory\x1b[0m") + b"\n")
     code, report, _ = _scan(run_cli, p)
     assert code == 1 and any(s.startswith("MB-OOM") for s in _ids(report)), _ids(report)
+
+
+# ----------------------------------------------------------- numbers and nesting (issue 16, item 18)
+def test_integers_of_thousands_of_digits_are_text_not_a_crash(run_cli, tmp_path):
+    big = "9" * 5000
+    p = tmp_path / "big.log"
+    p.write_text(f" iteration {big}/ 10 | elapsed time per iteration (ms): 1.0 | lm loss: 1.0 |\n"
+                 f"[rank{big}]: something\n[Rank {big}] (after {big} iterations) memory (MB) | allocated: 1.0\n"
+                 f"  successfully loaded checkpoint from /c at iteration {big}\n"
+                 f"exitcode: {big}\n" + OOM.decode() + "\n")
+    code, report, _ = _scan(run_cli, p)
+    assert code == 1 and any(s.startswith("MB-OOM") for s in _ids(report))
+
+
+@pytest.mark.parametrize("text,why", [("[" * 100000 + "]" * 100000, "nested too deep"),
+                                      ('{"diagnose_baseline": ' + "9" * 5000 + "}", "4300 digits")])
+def test_a_hostile_baseline_is_a_one_line_error(run_cli, tmp_path, text, why):
+    log = tmp_path / "run.log"
+    log.write_bytes(OOM + b"\n")
+    bl = tmp_path / "bl.json"
+    bl.write_text(text)
+    code, out, err = run_cli(str(log), "--baseline", str(bl))
+    assert code == 2 and why in err and "internal error" not in err
+
+
+def test_follow_on_a_folder_is_a_usage_error(run_cli, tmp_path):
+    code, out, err = run_cli(str(tmp_path), "--follow")
+    assert code == 2 and "not a folder" in err

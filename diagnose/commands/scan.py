@@ -76,8 +76,8 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
         db = load_db(sig_path)
         eng = None if engine == "auto" else engine
         if follow:
-            if len(paths) != 1:
-                raise click.UsageError("--follow takes exactly one log file")
+            if len(paths) != 1 or os.path.isdir(paths[0]):
+                raise click.UsageError("--follow takes exactly one log file (not a folder)")
             formatter = get_formatter(fmt or "text", fail_on=fail_on, color=sys.stdout.isatty() and not output, db=db)
             return run_follow(paths[0], db, load_cfg(config_path), formatter, fail_on, exit_code, quiet,
                               output=output)

@@ -29,18 +29,19 @@ _PREFIXES = [
     # NeMo-Run / torchx:                "i.pretrain/0 [default2]:"
     (re.compile(r"^[\w.\-]+/\d+ (?=\[default\d+\]:)"), None),
     # torchrun --tee / --log-dir:       "[default0]:"
-    (re.compile(r"^\[default(\d+)\]: ?"), "local"),
+    (re.compile(r"^\[default(\d{1,9})\]: ?"), "local"),
     # torch >= 2.3 per-rank prefix:     "[rank3]:"
-    (re.compile(r"^\[rank(\d+)\]: ?"), "rank"),
+    (re.compile(r"^\[rank(\d{1,9})\]: ?"), "rank"),
     # Ray workers:                      "(RayWorker pid=1234) "
     (re.compile(r"^\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\)(?:\[0m)? "), None),
     # a worker label that names the rank: "(worker1, rank=1, pid=4242, ip=10.0.0.2) "; a rank
     # prefix inside it ("[rank13]:") is read after it and wins (the innermost, explicit rank)
-    (re.compile(r"^\([\w.\-]+, rank=(\d+)(?:, [\w.\-]+=[\w.\-]+)*\) "), "rank"),
+    (re.compile(r"^\([\w.\-]+, rank=(\d{1,9})(?:, [\w.\-]+=[\w.\-]+)*\) "), "rank"),
 ]
 # Ranks named inside the message (NCCL watchdog "[Rank 2]", MLM/Bridge "[Rank 0] (after ...",
 # NaN asserts "Rank 3:", the rerun state machine "Rank 3, node ...").
-_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\bRank (\d+)[:,]|\brank[:=] ?(\d+)\b")
+# (digits bounded everywhere: a number no log holds is no rank, and Python refuses >4,300 digits)
+_RANK_IN_TEXT = re.compile(r"\[Rank (\d{1,9})\]|\bRank (\d{1,9})[:,]|\brank[:=] ?(\d{1,9})\b")
 
 _TS = [
     # "[2026-08-22 15:22:22]" / " [2026-08-22 15:22:22.123456]" / "2026-08-22 15:22:22,123"

@@ -65,16 +65,16 @@ ANCHORS: dict[str, tuple[str, ...]] = {
 # Engine.scan_sampled); every count and largest value still covers all of them, see Structure
 DENSE = ("@iteration", "@memory", "@step_time")
 
-_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_ITER = re.compile(r"\biteration\s+(\d{1,18})\s*/\s*(\d{1,18})\s*\|")  # bounded: no log counts past 10**18
 _FIELD = re.compile(r"\s*([A-Za-z][\w ()/\-.]*?):\s+([^|]*?)\s*(?=\||$)")
-_MEM_HEAD = re.compile(r"\(after (\d+) iterations\) memory \((MB|GB)\)")
+_MEM_HEAD = re.compile(r"\(after (\d{1,18}) iterations\) memory \((MB|GB)\)")
 _MEM_FIELD = re.compile(r"\|\s*([\w\- ]+?):\s*([\d.eE+\-]+)")
 _TIMER_LINE = re.compile(r"^\s{2,}([\w\-/ ]+?)\s*\.{2,}\s*:\s*(?:\(\s*([\d.]+),\s*([\d.]+)\)|([\d.]+))\s*$")
 _EXC_LINE = re.compile(
     r"^(?:\s*)((?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure)"
     r"(?:\((?:[A-Za-z_][\w]*\.)*[A-Z]\w*\))?)(?::\s?(.*))?$"  # Ray: RayTaskError(OutOfMemoryError)
 )
-_LOADED_AT = re.compile(r"(?:at|from) iteration\s+(\d+)")
+_LOADED_AT = re.compile(r"(?:at|from) iteration\s+(\d{1,18})\b")
 _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _ARGS_LINE = re.compile(r"^\s+(\S+) \.{3,} (.*)$")
 _SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
@@ -532,7 +532,7 @@ class TorchrunBlock(Block):
         if m and self.cur is not None and not (self.in_tb and msg.startswith("    ")):
             k, v = m.group(1), m.group(2).strip()
             if k == "rank":
-                rm = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", v)
+                rm = re.match(r"(\d{1,9})(?: \(local_rank: (\d{1,9})\))?", v)
                 if rm:
                     self.cur.rank = int(rm.group(1))
                     self.cur.local_rank = int(rm.group(2)) if rm.group(2) else None
