@@ -13,6 +13,7 @@ Not a test: it takes minutes per module on two cores.
 from __future__ import annotations
 
 import argparse
+import re
 import os
 import subprocess
 import sys
@@ -20,18 +21,20 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# the mutmut installed beside this Python (a venv's bin/ need not be on PATH)
+MUTMUT = str(Path(sys.executable).with_name("mutmut")) if Path(sys.executable).with_name("mutmut").exists() else "mutmut"
 
 
 def results() -> dict:
     """{module: Counter(status)} and the survivors, from ``mutmut results --all true``."""
-    out = subprocess.run(["mutmut", "results", "--all", "true"], cwd=REPO, capture_output=True, text=True).stdout
+    out = subprocess.run([MUTMUT, "results", "--all", "true"], cwd=REPO, capture_output=True, text=True).stdout
     table: dict = defaultdict(Counter)
     survivors = []
     for line in out.splitlines():
         name, _, status = line.strip().rpartition(": ")
         if not name:
             continue
-        module = name.split(".x_")[0]
+        module = re.split(r"\.x(?:_|ǁ)", name, maxsplit=1)[0]  # functions: .x_f__mutmut_1; methods: .xǁClassǁm__...
         table[module][status] += 1
         if status == "survived":
             survivors.append(name)
@@ -44,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report", action="store_true", help="only print the last run's table")
     a = ap.parse_args(argv)
     if not a.report:
-        run = subprocess.run(["mutmut", "run", "--max-children", str(a.jobs)], cwd=REPO, check=False)
+        run = subprocess.run([MUTMUT, "run", "--max-children", str(a.jobs)], cwd=REPO, check=False)
         if run.returncode != 0:
             print(f"mutmut run failed (exit {run.returncode}): see its output above", file=sys.stderr)
             return 1

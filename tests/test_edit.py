@@ -190,3 +190,54 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = _cli(str(RUN1), "--fix", str(tmp_path / "missing.yaml"), cwd=tmp_path)
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+# --- render: exactly the asked change, nothing else (mutation testing, issue 18) --------------------
+def _snap_of(tmp_path, text: str):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return E.snapshot(p)
+
+
+BASE = "model:\n  num_layers: 4\n  hidden_size: 64  # a comment\noptimizer:\n  lr: 0.1\n"
+
+
+def test_render_no_op_changes_return_the_text_unchanged(tmp_path):
+    s = _snap_of(tmp_path, BASE)
+    assert E.render(s, []) == BASE
+    assert E.render(s, [("model.num_layers", 4)]) == BASE  # same value, same type
+    assert E.render(s, [("model.nope", E.DELETE)]) == BASE  # deleting what is not there
+    assert E.render(s, [("absent_section.key", E.DELETE)]) == BASE  # ... not even the section: nothing created
+
+
+def test_render_a_type_change_is_a_change(tmp_path):
+    s = _snap_of(tmp_path, BASE)
+    out = E.render(s, [("optimizer.lr", 0.1), ("model.num_layers", 4.0)])
+    assert "num_layers: 4.0" in out and "lr: 0.1" in out
+
+
+@pytest.mark.parametrize("first", [("model.nope", E.DELETE), ("model.num_layers", 4)], ids=["delete-absent", "no-op"])
+def test_render_goes_on_after_a_change_that_does_nothing(tmp_path, first):
+    s = _snap_of(tmp_path, BASE)
+    out = E.render(s, [first, ("optimizer.lr", 0.2), ("model.hidden_size", E.DELETE)])
+    assert "lr: 0.2" in out and "hidden_size" not in out and "num_layers: 4" in out
+
+
+INDENTS = {
+    "two": "model:\n  num_layers: 4\n  layers:\n  - a\n  - b\noptimizer:\n  lr: 0.1\n",
+    "two-offset": "model:\n  num_layers: 4\n  layers:\n    - a\n    - b\noptimizer:\n  lr: 0.1\n",
+    "four": "model:\n    num_layers: 4\n    layers:\n    - a\n    - b\noptimizer:\n    lr: 0.1\n",
+    "four-offset": "model:\n    num_layers: 4\n    layers:\n        - a\n        - b\noptimizer:\n    lr: 0.1\n",
+    "comments-first": "# header\n\nmodel:   # the model\n    # a comment line\n    num_layers: 4\n    layers:\n      - a\n"
+                      "optimizer:\n    lr: 0.1\n",
+}
+
+
+@pytest.mark.parametrize("style", sorted(INDENTS))
+def test_render_keeps_the_files_own_indentation(tmp_path, style):
+    """Only the edited line changes, whatever the file's mapping indent and sequence offset."""
+    text = INDENTS[style]
+    out = E.render(_snap_of(tmp_path, text), [("optimizer.lr", 0.2)])
+    a, b = text.splitlines(), out.splitlines()
+    assert len(a) == len(b) and [i for i, (x, y) in enumerate(zip(a, b)) if x != y] == [a.index(next(
+        l for l in a if "lr:" in l))], (style, out)

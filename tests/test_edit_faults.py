@@ -335,3 +335,29 @@ def test_crlf_and_bom_are_kept(tmp_path):
     changed = [(a, b) for a, b in zip(raw.split(b"\r\n"), out.split(b"\r\n")) if a != b]
     assert len(changed) == 1 and b"cpu_offloading: false" in changed[0][1]
     assert res.backup.read_bytes() == raw
+
+
+def test_the_new_file_is_born_beside_the_old_one_and_the_folder_is_synced(tmp_path, monkeypatch):
+    """What makes the write atomic and durable (mutation testing found it unchecked): the
+    temporary file is in the same folder as the config (a rename across filesystems is not
+    atomic), hidden and named after it (.NAME.*.tmp; the backup's .NAME.*.bak.tmp), and the
+    folder itself is fsynced after the rename."""
+    import stat as _stat
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TINY.read_text())
+    renamed, linked, synced = [], [], []
+    real_replace, real_link, real_fsync = os.replace, os.link, os.fsync
+    monkeypatch.setattr(os, "replace", lambda a, b: renamed.append((a, b)) or real_replace(a, b))
+    monkeypatch.setattr(os, "link", lambda a, b: linked.append((a, b)) or real_link(a, b))
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(_stat.S_ISDIR(os.fstat(fd).st_mode)) or real_fsync(fd))
+    snap = E.snapshot(cfg)
+    E.write(snap, _fix_text(snap.text))
+    (src, dst), = renamed
+    assert Path(src).parent == Path(dst).parent == tmp_path and Path(dst).name == "cfg.yaml"
+    assert Path(src).name.startswith(".cfg.yaml.") and Path(src).name.endswith(".tmp")
+    backups = [(a, b) for a, b in linked if Path(b).name.startswith("cfg.yaml.bak")]
+    assert backups and all(Path(a).parent == tmp_path and Path(a).name.startswith(".cfg.yaml.")
+                           and Path(a).name.endswith(".bak.tmp") for a, _ in backups)
+    assert True in synced and synced.count(False) >= 2  # the folder, and the backup and the new text
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".cfg.yaml.")]  # no temporary file left
