@@ -191,6 +191,9 @@ def merge_structure(dst: S.Structure, src: S.Structure):
             a.extend(keep[:max(0, S.MAX_RECORDS - len(a))])
         elif name == "traceback_count":
             dst.traceback_count = a + b - dropped
+        elif name == "config_blocks":  # the last few of each kind, kept as structure.add_config_block keeps them
+            for item in b:
+                S.add_config_block(dst, item)
         elif name == "activity":  # the latest few, trimmed as structure.on_line trims them
             for item in b:
                 a.append(item)

@@ -546,3 +546,44 @@ def test_a_hostile_baseline_is_a_one_line_error(run_cli, tmp_path, text, why):
 def test_follow_on_a_folder_is_a_usage_error(run_cli, tmp_path):
     code, out, err = run_cli(str(tmp_path), "--follow")
     assert code == 2 and "not a folder" in err
+
+
+# ------------------------------------------- config blocks in logs (issue 16, items 10 and 11)
+def _args_block(pp: int, n: int = 600) -> str:
+    args = {f"arg_{i:04d}": i for i in range(n)}
+    args.update(num_layers=4, hidden_size=64, pipeline_model_parallel_size=pp)
+    return "\n".join(["------------------------ arguments ------------------------"]
+                     + ["  {} {} {}".format(k, "." * max(1, 48 - len(k)), v) for k, v in sorted(args.items())]
+                     + ["-------------------- end of arguments ---------------------"]) + "\n"
+
+
+def test_an_alias_bomb_inside_a_logs_config_block_is_refused(run_cli, tmp_path):
+    lines = ["INFO:recipe_runner:Final configuration:", 'l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    lines += ["model: {num_layers: *l8}", OOM.decode()]
+    p = tmp_path / "bomb.log"
+    p.write_text("\n".join(lines) + "\n")
+    code, report, _ = _scan(run_cli, p)  # 10**8 values if expanded: refused, the OOM still named
+    assert code == 1 and report["root_cause"]["signature"].startswith("MB-OOM")
+
+
+def test_a_job_restarted_many_times_is_read_in_constant_memory(tmp_path):
+    """Each restart prints the MLM arguments again: only the last blocks are kept, the last one is
+    the config, and the peak memory does not grow with the number of restarts."""
+    import tracemalloc
+
+    from diagnose.diagnosis import diagnose_paths
+
+    peaks = {}
+    for n in (40, 160):
+        p = tmp_path / f"restarts{n}.log"
+        p.write_text(_args_block(1) * (n - 1) + _args_block(2) + OOM.decode() + "\n")
+        tracemalloc.start()
+        try:
+            report = diagnose_paths([str(p)], jobs=1)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert report.config.get("model.pipeline_model_parallel_size") == 2  # the last restart's
+        assert len(report.structure.config_blocks) <= 4
+    assert peaks[160] < 1.5 * peaks[40], peaks

@@ -136,10 +136,15 @@ def from_bridge_summary(doc: dict, source: str = "") -> RunConfig:
 
 
 def from_log_blocks(blocks: list) -> Optional[RunConfig]:
-    """The config the job printed, merged in order of reliability (summary is post-validation)."""
+    """The config the job printed, merged in order of reliability (summary is post-validation).
+    A log of a job restarted many times prints its config each time: the last block of each kind
+    is the run that failed last, and the only one read (linear in the log, whatever the restarts)."""
     order = {"mlm_args": 0, "bridge_yaml": 1, "bridge_summary": 2}
+    last: dict = {}
+    for b in blocks:
+        last[b[0]] = b
     cfg = None
-    for kind, file, line, doc in sorted(blocks, key=lambda b: order.get(b[0], 9)):
+    for kind, file, line, doc in sorted(last.values(), key=lambda b: order.get(b[0], 9)):
         src = f"{file}:{line} ({kind})"
         if kind == "mlm_args":
             part = from_mlm_args(doc, src)

@@ -114,10 +114,20 @@ def literal(s: str):
         return False
     if s in ("None", "null", "~"):
         return None
+    if _INT.fullmatch(s):
+        return int(s)
+    if _FLOAT.fullmatch(s):
+        return float(s)
+    if not s or s[0] not in "[({'\"" or len(s) > 10_000:
+        return s  # a plain word (ast.literal_eval leaves a reference cycle per call: no need here)
     try:
         return ast.literal_eval(s)
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         return s
+
+
+_INT = re.compile(r"-?\d{1,18}")
+_FLOAT = re.compile(r"-?(?:\d{1,300}\.\d{0,300}|\.\d{1,300})(?:[eE][-+]?\d{1,3})?|-?\d{1,300}[eE][-+]?\d{1,3}")
 
 
 @dataclass
@@ -333,6 +343,18 @@ def parse_memory(text: str) -> Optional[dict]:
 
 
 # --------------------------------------------------------------------------- block readers
+
+MAX_CONFIG_BLOCKS = 4  # per kind: a job restarted 4,000 times printed its config 4,000 times
+
+
+def add_config_block(s: "Structure", block: tuple):
+    """Keep the config block; of each kind only the last MAX_CONFIG_BLOCKS (runconfig.from_log_blocks
+    reads the last one), so memory does not grow with the restarts."""
+    s.config_blocks.append(block)
+    same = [b for b in s.config_blocks if b[0] == block[0]]
+    if len(same) > MAX_CONFIG_BLOCKS:
+        s.config_blocks.remove(same[0])
+
 
 class Block:
     """Reads lines after a start anchor until it is done (``feed`` returns False)."""
@@ -575,7 +597,7 @@ class ArgsBlock(Block):
 
     def finish(self):
         if self.args:
-            self.s.config_blocks.append(("mlm_args", self.file, self.start_line, self.args))
+            add_config_block(self.s, ("mlm_args", self.file, self.start_line, self.args))
 
 
 class BridgeYamlBlock(Block):
@@ -603,12 +625,17 @@ class BridgeYamlBlock(Block):
 
         if not self.lines:
             return
+        from ..config.load import ConfigError, _check_expansion
+
         try:
             doc = yaml.safe_load("\n".join(self.lines))
-        except yaml.YAMLError:
+            _check_expansion(doc, f"{self.file}:{self.start_line}")  # an alias bomb inside a log, too
+        except (yaml.YAMLError, ConfigError, RecursionError, ValueError):
+            self.s.note("config_block_refused", self.file, self.start_line,
+                        "a 'Final configuration:' block that is not a config (invalid YAML or an alias bomb)")
             return
         if isinstance(doc, dict):
-            self.s.config_blocks.append(("bridge_yaml", self.file, self.start_line, doc))
+            add_config_block(self.s, ("bridge_yaml", self.file, self.start_line, doc))
 
 
 class BridgeSummaryBlock(Block):
@@ -642,7 +669,7 @@ class BridgeSummaryBlock(Block):
 
     def finish(self):
         if self.doc:
-            self.s.config_blocks.append(("bridge_summary", self.file, self.start_line, self.doc))
+            add_config_block(self.s, ("bridge_summary", self.file, self.start_line, self.doc))
 
 
 BLOCKS = {
