@@ -145,3 +145,47 @@ def test_colliding_fingerprints_are_made_unique_and_stable():
     from diagnose.report.fingerprint import fingerprint_of
 
     assert fingerprint(fs[0]) == fingerprint_of("MB-OOM-001", text, "run.log")  # the first hit's text and file
+
+
+def test_baseline_file_format_is_the_documented_one(tmp_path, db):
+    """A baseline is reviewed in pull requests: its layout is part of the contract (docs/ci.md):
+    the three top-level keys in this order, 2-space indentation, each entry with its signature,
+    title, severity, normalised file and evidence (mutation testing found none of it checked)."""
+    from diagnose.diagnosis import diagnose_paths
+
+    log = write(tmp_path / "run.log", healthy_lines() + oom_lines(0))
+    rep = diagnose_paths([log], db)
+    text = BL.dumps(rep.findings)
+    assert text.startswith('{\n  "diagnose_baseline": ') and text.endswith("}\n")
+    doc = json.loads(text)
+    assert list(doc) == ["diagnose_baseline", "fingerprint_version", "findings"]
+    assert doc["fingerprint_version"] == BL.FINGERPRINT_VERSION
+    by_sig = {f.signature.id: f for f in rep.findings}
+    for e in doc["findings"]:
+        assert list(e) == ["fingerprint", "signature", "title", "severity", "file", "evidence"]
+        f = by_sig[e["signature"]]
+        assert (e["title"], e["severity"]) == (f.signature.title, f.signature.severity)
+        assert e["file"] == normalize_file(f.first.file) and e["evidence"] == normalize_text(f.first.text)
+    path = tmp_path / "bl.json"
+    BL.write(str(path), rep.findings)
+    got = BL.load(str(path))
+    assert got.entries == doc["findings"] and got.source == str(path)
+    assert path.read_text() == text
+
+
+def test_a_baseline_of_another_fingerprint_version_is_refused(tmp_path):
+    p = tmp_path / "bl.json"
+    p.write_text(json.dumps({"diagnose_baseline": BL.BASELINE_VERSION, "fingerprint_version": BL.FINGERPRINT_VERSION + 1,
+                             "findings": []}))
+    with pytest.raises(BL.BaselineError, match="fingerprint"):
+        BL.load(str(p))
+
+
+def test_a_baseline_written_elsewhere_in_another_encoding_is_read_as_utf8(tmp_path, monkeypatch):
+    import locale
+
+    p = tmp_path / "bl.json"
+    p.write_bytes(json.dumps({"diagnose_baseline": BL.BASELINE_VERSION, "fingerprint_version": BL.FINGERPRINT_VERSION,
+                              "findings": [{"fingerprint": "f" * 16, "evidence": "é ✓"}]}, ensure_ascii=False).encode())
+    monkeypatch.setattr(locale, "getpreferredencoding", lambda *a, **k: "latin-1")
+    assert BL.load(str(p)).entries[0]["evidence"] == "é ✓"

@@ -241,3 +241,16 @@ def test_render_keeps_the_files_own_indentation(tmp_path, style):
     a, b = text.splitlines(), out.splitlines()
     assert len(a) == len(b) and [i for i, (x, y) in enumerate(zip(a, b)) if x != y] == [a.index(next(
         l for l in a if "lr:" in l))], (style, out)
+
+
+@pytest.mark.parametrize("text,want", [
+    (INDENTS["two"], (2, 0)), (INDENTS["two-offset"], (2, 2)), (INDENTS["four"], (4, 0)),
+    (INDENTS["four-offset"], (4, 4)), (INDENTS["comments-first"], (4, 2)),
+    ("a: 1\nb:\n  # a comment at another indent\n\n   c: 2\n", (3, 0)),  # comments and blank lines skipped
+    ("a:\n- x\nb:\n    c: 1\n", (4, 0)),  # a sequence right under its key, a mapping indented 4
+    ("- a\n- b\n", (2, 0)),  # nothing to learn from: the defaults
+    ("a: 1  # trailing: comment\nb:\n      c: 2\n", (6, 0)),  # a colon inside a comment is no key
+    ("a:\n  - x: 1\n    y: 2\nb:\n  c: 3\n", (2, 2)),  # a key inside a sequence item is not a mapping indent
+])
+def test_guess_indent_reads_the_files_own_style(text, want):
+    assert E.guess_indent(text) == want
