@@ -271,7 +271,8 @@ def plan_jobs(sources: list, jobs: Optional[int]) -> int:
         return 1
     limit = None if big else len(files)  # pieces of a big file can keep any number busy
     if jobs is not None:
-        return max(1, min(jobs, limit or jobs))
+        # never more processes than cores: -j 64 on 2 cores only multiplies the memory
+        return max(1, min(jobs, limit or jobs, cpu_count()))
     if sum(_size(s) for s in files) < AUTO_MIN_BYTES:
         return 1
     return min(cpu_count(), limit or cpu_count())

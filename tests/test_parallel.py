@@ -80,14 +80,16 @@ def test_progress_is_reported_from_workers(db, rank_dir):
 
 
 def test_auto_jobs(db, rank_dir, tmp_path):
+    import diagnose.parallel as P
     from diagnose.logs.read import iter_sources
 
     many = list(iter_sources([str(rank_dir)], []))
     one = list(iter_sources([str(rank_dir / "other.log")], []))
     assert plan_jobs(one, None) == 1 and plan_jobs(one, 8) == 1
     assert plan_jobs(many, 1) == 1
-    assert plan_jobs(many, 3) == 3
+    assert plan_jobs(many, 3) == min(3, P.cpu_count())
     assert plan_jobs(many, None) == 1  # a few MB in all: not worth starting processes
+    assert plan_jobs(many, 64) <= P.cpu_count()  # never more processes than cores (issue 16, item 12)
     stdin = list(iter_sources(["-"], []))
     assert plan_jobs(stdin, 4) == 1
 
@@ -138,6 +140,7 @@ def test_one_big_file_cut_in_pieces_equals_serial(db, big_single, monkeypatch, j
 
     monkeypatch.setattr(R, "CHUNK", 48 << 10)  # ~100 chunks: block ends and piece ends meet
     monkeypatch.setattr(P, "SPLIT_MIN", 512 << 10)
+    monkeypatch.setattr(P, "cpu_count", lambda: 8)  # the pieces are the subject, not this machine's cores
     monkeypatch.setattr(Engine, "EXACT", 16)  # and the dense lines of each chunk are sampled
     sc = Scanner(db, "regex")
     serial = scan_parallel(sc, [str(big_single)], jobs=1)
@@ -225,6 +228,7 @@ def test_lone_crs_number_lines_the_same_in_pieces(db, big_single, tmp_path, monk
     log.write_bytes(mixed)
     monkeypatch.setattr(R, "CHUNK", 48 << 10)
     monkeypatch.setattr(P, "SPLIT_MIN", 512 << 10)
+    monkeypatch.setattr(P, "cpu_count", lambda: 8)
     sc = Scanner(db, "regex")
     serial = scan_parallel(sc, [str(log)], jobs=1)
     par = scan_parallel(sc, [str(log)], jobs=3)
