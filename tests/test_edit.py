@@ -254,3 +254,40 @@ def test_render_keeps_the_files_own_indentation(tmp_path, style):
 ])
 def test_guess_indent_reads_the_files_own_style(text, want):
     assert E.guess_indent(text) == want
+
+
+def test_the_lock_holds_who_took_it(tmp_path, monkeypatch):
+    """While held: 'PID START' of this process, mode 0644, born complete from a hidden .tmp file
+    beside it; a second taker is told the config's name and the holder's pid."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(BASE)
+    linked = []
+    real_link = os.link
+    monkeypatch.setattr(os, "link", lambda a, b: linked.append((a, b)) or real_link(a, b))
+    with E.FileLock(cfg) as lock:
+        assert lock.path.read_text() == f"{os.getpid()} {E._start_time(os.getpid())}\n"
+        assert os.stat(lock.path).st_mode & 0o777 == 0o644
+        (src, dst), = linked
+        assert Path(dst) == lock.path and Path(src).parent == tmp_path
+        assert Path(src).name.startswith(f".{lock.path.name}.") and src.endswith(".tmp")
+        other = E.FileLock(cfg)
+        other._stale = lambda: None  # (our own pid: never stale)
+        with pytest.raises(E.EditError) as ei:
+            other.__enter__()
+        assert str(ei.value).startswith("cfg.yaml is being edited by another diagnose --fix")
+        assert f"pid {os.getpid()})" in str(ei.value) and str(ei.value).endswith("when it has finished")
+    assert not lock.path.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_render_never_rewraps_long_lines_and_writes_null(tmp_path):
+    long = "x" * 300
+    s = _snap_of(tmp_path, f"model:\n  name: {long}\n  a: 1\n  items:\n  - one\n")
+    out = E.render(s, [("model.a", None), ("model.note", "y" * 300), ("model.items", ["one", "two"])])
+    assert f"  name: {long}\n" in out and "  note: " + "y" * 300 + "\n" in out
+    assert "  a: null\n" in out and "  - one\n  - two\n" in out
+
+
+def test_diff_headers_are_gits_for_absolute_and_relative_paths():
+    d = E.unified_diff("a: 1\n", "a: 2\n", "/abs/dir/cfg.yaml")
+    assert d.startswith("--- a/abs/dir/cfg.yaml\n+++ b/abs/dir/cfg.yaml\n")
+    assert E.unified_diff("a: 1\n", "a: 2\n", "rel/cfg.yaml").startswith("--- a/rel/cfg.yaml\n+++ b/rel/cfg.yaml\n")
