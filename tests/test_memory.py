@@ -153,3 +153,24 @@ def test_gpu_capacity_and_contract():
 def test_missing_shape_is_an_error_not_a_guess():
     with pytest.raises(M.MemoryModelError, match="model.hidden_size"):
         M.estimate(RunConfig({"model": {"num_layers": 4}}))
+
+
+def test_precision_aware_optimizer_and_grad_dtype_change_the_bytes(march):
+    """Issue 12, item 8: MCore's precision-aware optimizer keeps Adam's moments in the dtypes the
+    config names (bf16 moments: 4 B instead of 8), and without grad_reduce_in_fp32 the gradient
+    buffer is bf16 (2 B instead of 4); the changes are exactly those bytes per local parameter."""
+    base = M.estimate(march, world_size=16)
+    pa = M.estimate(_with(march, "optimizer.use_precision_aware_optimizer=true",
+                          "optimizer.exp_avg_dtype=torch.bfloat16", "optimizer.exp_avg_sq_dtype=torch.bfloat16"),
+                    world_size=16)
+    assert pa.breakdown["optimizer_gpu"] < base.breakdown["optimizer_gpu"]
+    assert pa.breakdown["weights"] == base.breakdown["weights"] and pa.breakdown["grads"] == base.breakdown["grads"]
+    # moments 8 -> 4 of the (master 4 + moments 8) per sharded parameter: a third less optimizer state
+    assert pa.breakdown["optimizer_gpu"] == pytest.approx(base.breakdown["optimizer_gpu"] * 8 / 12, rel=1e-6)
+    bf16_grads = M.estimate(_with(march, "ddp.grad_reduce_in_fp32=false"), world_size=16)
+    assert bf16_grads.breakdown["grads"] == pytest.approx(base.breakdown["grads"] / 2, rel=1e-6)
+
+
+def test_cuda_graph_pools_are_said_not_counted(march):
+    est = M.estimate(_with(march, "model.cuda_graph_impl=transformer_engine"), world_size=16)
+    assert any("CUDA graphs" in n for n in est.notes)

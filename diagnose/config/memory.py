@@ -11,7 +11,8 @@ Parameters (per layer, by component)
   embedding  V·h on the first stage, output layer V·h on the last (PP=1: only if untied), ÷TP,
              V padded to a multiple of make_vocab_size_divisible_by·TP.
 
-Bytes per parameter (bf16 params, fp32 grads, fp32 master + Adam m, v)
+Bytes per parameter (bf16 params, fp32 grads, fp32 master + Adam m, v; FP8 parameters 1 B, bf16 grads
+without ddp.grad_reduce_in_fp32, the precision-aware optimizer's dtypes; CUDA-graph pools not counted)
   GPU   6 + (4 + 8·(1−f))/shard   (18 without the distributed optimizer, f = 0: 6 + 12/1)
         f = optimizer_offload_fraction when optimizer_cpu_offload is on (clamped to [0, 1]):
         the HybridDeviceOptimizer keeps the FP32 master shard on the GPU and moves Adam m, v of
@@ -58,6 +59,20 @@ MARGIN_FRACTION = 0.05  # caching-allocator fragmentation (reserved but unalloca
 HOST_BYTES_PER_OFFLOADED_PARAM = 16  # FP32 clone 4 + Adam m, v 8 + grad 4
 PINNED_BYTES_PER_OFFLOADED_PARAM = 4  # the FP32 clone, always pinned; + 4 for the grad with pin_cpu_grads
 DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+                "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1}
+
+
+def _dtype_bytes(v, default: int) -> int:
+    """Bytes of a dtype as a config holds it: "torch.bfloat16", "bf16", or Bridge's dumped
+    {_target_: torch.bfloat16, _call_: false}."""
+    if isinstance(v, dict):
+        v = v.get("_target_")
+    if not isinstance(v, str):
+        return default
+    return _DTYPE_BYTES.get(v.rsplit(".", 1)[-1].lower(), default)
 
 
 class MemoryModelError(ValueError):
@@ -313,13 +328,25 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
     f = min(max(frac, 0.0), 1.0) if offload else 0.0
     shard_dense = lay.dp * lay.cp if distopt else 1
     shard_exp = lay.edp if distopt else 1
-    master = 4 if param_bytes == 2 else 0
-    grad_bytes = 4
-    opt_gpu = lambda shard: (master + 8 * (1 - f)) / shard  # noqa: E731
-    if not distopt:
-        notes.append("no distributed optimizer: every GPU holds the full optimizer state (18 B/param)")
+    if param_bytes == 2 and (cfg.get("model.fp8_param") or cfg.get("model.fp8_param_gather")) and cfg.get("model.fp8"):
+        param_bytes = 1  # FP8 parameters (the bf16 copy lives in the optimizer's master)
+        notes.append("FP8 parameters: 1 byte per weight")
+    master = 4 if param_bytes <= 2 else 0
+    moments = 8
     if cfg.get("optimizer.use_precision_aware_optimizer"):
-        notes.append("precision-aware optimizer: Adam states counted in fp32 (the default dtypes)")
+        # MCore OptimizerConfig: main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype (fp32 by default)
+        master = _dtype_bytes(cfg.get("optimizer.main_params_dtype"), 4) if param_bytes <= 2 else 0
+        moments = _dtype_bytes(cfg.get("optimizer.exp_avg_dtype"), 4) + _dtype_bytes(cfg.get("optimizer.exp_avg_sq_dtype"), 4)
+        notes.append(f"precision-aware optimizer: master {master} B, Adam moments {moments} B per parameter")
+    # the gradient buffer: fp32 with ddp.grad_reduce_in_fp32 (Bridge's recipes set it), else the
+    # parameters' dtype (MCore's default); not given: fp32, the larger
+    grad_bytes = 2 if (cfg.get("ddp.grad_reduce_in_fp32") is False and param_bytes <= 2) else 4
+    opt_gpu = lambda shard: (master + moments * (1 - f)) / shard  # noqa: E731
+    if not distopt:
+        notes.append(f"no distributed optimizer: every GPU holds the full optimizer state "
+                     f"({param_bytes + grad_bytes + master + moments} B/param)")
+    if cfg.get("model.cuda_graph_impl") not in (None, "none") or cfg.get("model.enable_cuda_graph"):
+        notes.append("CUDA graphs: their private memory pools are not counted (measure them)")
 
     # activations per layer and microbatch (bytes)
     T = s * b / lay.cp
