@@ -291,3 +291,33 @@ def test_diff_headers_are_gits_for_absolute_and_relative_paths():
     d = E.unified_diff("a: 1\n", "a: 2\n", "/abs/dir/cfg.yaml")
     assert d.startswith("--- a/abs/dir/cfg.yaml\n+++ b/abs/dir/cfg.yaml\n")
     assert E.unified_diff("a: 1\n", "a: 2\n", "rel/cfg.yaml").startswith("--- a/rel/cfg.yaml\n+++ b/rel/cfg.yaml\n")
+
+
+def test_a_fresh_empty_lock_is_respected_until_the_grace_ends(tmp_path):
+    """Another --fix may be between creating and filling it: not taken over before LOCK_GRACE_S."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(BASE)
+    (tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)).write_text("")
+    with pytest.raises(E.EditError, match="being edited by another"):
+        with E.FileLock(cfg):
+            pass
+
+
+def test_a_dangling_symlink_is_a_one_line_error(tmp_path):
+    link = tmp_path / "cfg.yaml"
+    link.symlink_to(tmp_path / "gone.yaml")
+    with pytest.raises(E.EditError, match="symbolic link to nothing"):
+        E.snapshot(link)
+
+
+def test_a_null_section_becomes_a_section_in_place(tmp_path):
+    s = _snap_of(tmp_path, "a: 1\nenv_vars: null\nz: 2\n")
+    assert E.render(s, [("env_vars.NCCL_DEBUG", "INFO")]) == "a: 1\nenv_vars:\n  NCCL_DEBUG: INFO\nz: 2\n"
+
+
+def test_write_reports_its_diff(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(BASE)
+    snap = E.snapshot(cfg)
+    res = E.write(snap, E.render(snap, [("optimizer.lr", 0.2)]))
+    assert res.changed and res.diff.startswith(f"--- a/{str(cfg).lstrip('/')}\n") and "+  lr: 0.2\n" in res.diff
