@@ -162,16 +162,20 @@ def test_slurm_run1_fails_then_fix_relaunch_trains(slurm, tmp_path):
     assert f"job {rec['job_id']} on" in log2 and log2.count("iteration ") >= 8
 
 
-def test_slurm_early_abort_scancels_within_2_s(slurm, tmp_path):
-    shutil.copy(CFG, tmp_path / "cfg.yaml")
-    script = tmp_path / "hang.py"
-    script.write_text(f"""import time
+# a job that prints a CUDA OOM after a second, notes when, and then hangs (the early abort's subject)
+HANG_AFTER_OOM = f"""import time
 print("training...", flush=True)
 time.sleep(1.0)
 print({OOM!r}, flush=True)
 open("written.at", "w").write(repr(time.time()))
 time.sleep(300)
-""")
+"""
+
+
+def test_slurm_early_abort_scancels_within_2_s(slurm, tmp_path):
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_AFTER_OOM)
     r = diagnose("--fix", "cfg.yaml", "--relaunch", "--launcher", "slurm", "--world-size", "2",
                  "--launch-cmd", shlex.join([sys.executable, str(script)]), "--history", "h.jsonl",
                  "--max-attempts", "1", cwd=tmp_path, env=slurm, timeout=180)
@@ -207,13 +211,7 @@ def test_slurm_early_abort_in_a_folder_with_spaces(slurm, tmp_path):
     work.mkdir(parents=True)
     shutil.copy(CFG, work / "cfg.yaml")
     script = work / "hang job.py"
-    script.write_text(f"""import time
-print("training...", flush=True)
-time.sleep(1.0)
-print({OOM!r}, flush=True)
-open("written.at", "w").write(repr(time.time()))
-time.sleep(300)
-""")
+    script.write_text(HANG_AFTER_OOM)
     r = diagnose("--fix", "cfg.yaml", "--relaunch", "--launcher", "slurm", "--world-size", "2",
                  "--launch-cmd", shlex.join([sys.executable, str(script)]), "--history", "h.jsonl",
                  "--max-attempts", "1", cwd=work, env=slurm, timeout=180)

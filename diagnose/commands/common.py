@@ -29,3 +29,15 @@ def versions_option(mcore_version):
 
 def newest_known() -> str:
     return "0.19.2"
+
+
+def emit_report(text: str, output=None) -> None:
+    """The rendered report to ``output`` (-o FILE) or stdout; an unwritable FILE is one line."""
+    if not output:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise click.ClickException(f"{output}: cannot write the report ({exc.strerror or exc})") from None

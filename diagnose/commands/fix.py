@@ -26,6 +26,7 @@ from ..launch.follow import POLL_S, Follower
 from ..remedy import causes as C
 from ..remedy import edit as E
 from ..remedy import plan as PL
+from .common import emit_report
 
 STATUS_CODE = {"ok": exitcodes.OK, "applied": exitcodes.OK, "nothing": exitcodes.OK,
                "unsafe": exitcodes.UNSAFE_REFUSED, "no_fix": exitcodes.NO_FIX}
@@ -252,14 +253,7 @@ def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s:
     except KeyboardInterrupt:
         _err("diagnose: stopped following (Ctrl-C)", quiet)
     report = fol.report()
-    out = formatter.render(report)
+    emit_report(formatter.render(report), output)
     if output:
-        try:
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.write(out)
-        except OSError as exc:
-            raise click.ClickException(f"{output}: cannot write the report ({exc.strerror or exc})") from None
         _err(f"diagnose: report written to {output}", quiet)
-    else:
-        click.echo(out, nl=False)
     return exit_code(report, fail_on)

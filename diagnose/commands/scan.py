@@ -10,7 +10,7 @@ from .. import baseline as BL
 from .. import exitcodes
 from ..diagnosis import diagnose_paths
 from ..report import FORMATS, get_formatter
-from .common import load_cfg, load_db, versions_option
+from .common import emit_report, load_cfg, load_db, versions_option
 
 
 def exit_code(report, fail_on: str, baseline=None) -> int:
@@ -134,15 +134,7 @@ def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline
     tty = output is None and sys.stdout.isatty()
     formatter = get_formatter(fmt, fail_on=fail_on, color=tty if color == "auto" else color, db=db,
                               baseline=baseline, details=details)
-    out = formatter.render(report)
-    if output:
-        try:
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.write(out)
-        except OSError as exc:
-            raise click.ClickException(f"{output}: cannot write the report ({exc.strerror or exc})") from None
-    else:
-        click.echo(out, nl=False)
+    emit_report(formatter.render(report), output)
     if not quiet and (fmt != "text" or output):
         click.echo(stderr_summary(report, fail_on, baseline, output), err=True)
     return exit_code(report, fail_on, baseline)
