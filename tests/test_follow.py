@@ -156,3 +156,20 @@ def test_a_file_rewritten_in_place_past_the_old_offset_is_read_anew(tmp_path):
     fol.poll()
     rc = fol.fatal()
     assert rc is not None and rc.first.line == 41
+
+
+def test_a_line_without_end_is_followed_in_bounded_memory(tmp_path):
+    """Issue 16, item 12: 20 MB with no newline, then a failure: the pending part of the line
+    never exceeds the reader's MAX_LINE, and the failure after it is still found."""
+    from diagnose.logs.read import MAX_LINE
+
+    log = tmp_path / "run.log"
+    with open(log, "wb") as fh:
+        fh.write(b"x" * (20 << 20))
+    fol = Follower(log, load())
+    for _ in range(10):
+        fol.poll()
+        assert len(fol.carry) < MAX_LINE
+    _append(log, "\n" + OOM + "\n")
+    fol.poll()
+    assert fol.fatal() is not None and fol.fatal().first.line == 2
