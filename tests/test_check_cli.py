@@ -280,3 +280,13 @@ def test_bridge_0_6_dataset_seq_length_is_a_known_key(run_cli, tmp_path):
     cfg.write_text("dataset:\n  seq_length: 4096\nmodel:\n  num_layers: 4\n")
     code, out, err = run_cli("check", str(cfg))
     assert "unknown key" not in err and code == 0, err
+
+
+def test_a_misspelt_key_or_override_gets_did_you_mean(run_cli, tmp_path):
+    """Issue 13: a typo in a config key or an override key names the key it probably meant."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("model:\n  cpu_ofloading: true\n")
+    code, out, err = run_cli("check", str(cfg))
+    assert code == 2 and "(did you mean model.cpu_offloading?)" in err
+    code, out, err = run_cli("check", MARCH, "model.pipline_model_parallel_size=2")
+    assert code == 2 and "(did you mean model.pipeline_model_parallel_size?)" in err

@@ -92,7 +92,7 @@ def apply_overrides(cfg: RunConfig, overrides: Iterable[str],
         value = _plain(ov.value())
         if ov.type == OverrideType.CHANGE and not exists:
             raise ConfigError(f"override {text!r}: could not override {key!r}: no such key "
-                              f"(to append to your config use +{text})")
+                              + _did_you_mean(key, out) + f"(to append to your config use +{text})")
         if ov.type == OverrideType.ADD and present:
             raise ConfigError(f"override {text!r}: could not append to config, an item is already at {key!r} "
                               f"(use {text[1:]} to change it)")
@@ -106,3 +106,18 @@ def apply_overrides(cfg: RunConfig, overrides: Iterable[str],
         notes.append("added by +key: " + ", ".join(added))
     out.added_keys = tuple(getattr(cfg, "added_keys", ()) or ()) + tuple(added)
     return normalize(out), notes
+
+
+def _did_you_mean(key: str, cfg: RunConfig) -> str:
+    """"did you mean model.pipeline_model_parallel_size? " for a misspelt last part, or ""."""
+    import difflib
+
+    parent, _, last = key.rpartition(".")
+    section = cfg.get(parent) if parent else cfg.data
+    names = list(section) if isinstance(section, dict) else []
+    if parent:
+        from .schema import schema
+
+        names += list((schema().get(parent.split(".")[0]) or {}) if "." not in parent else [])
+    near = difflib.get_close_matches(last, names, n=1, cutoff=0.75)
+    return f"(did you mean {parent + '.' if parent else ''}{near[0]}?) " if near else ""

@@ -240,7 +240,10 @@ def validate(data: dict, skip: tuple = ()) -> list[str]:
             name = str(k).split(".")[-1]
             t = keys.get(name)
             if t is None:
-                problems.append(f"{path}: unknown key")
+                import difflib
+
+                near = difflib.get_close_matches(name, list(keys), n=1, cutoff=0.75)
+                problems.append(f"{path}: unknown key" + (f" (did you mean {sec}.{near[0]}?)" if near else ""))
                 continue
             msg = _check_type(path, t, v) or _check_value(path, v)
             if msg:
