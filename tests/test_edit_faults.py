@@ -57,19 +57,25 @@ def test_sigkill_at_random_points_leaves_old_or_new_and_intact_backups(tmp_path)
     seen = {"old": 0, "new": 0}
     delays = []
     # how long one whole write takes here (start-up excluded): kills are spread over 0..1.3x that
-    cfg.write_text(old)
-    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(cfg), str(newfile)], cwd=str(REPO),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "ready"
-    t0 = time.monotonic()
-    child.stdin.write("go\n")
-    child.stdin.flush()
-    assert child.stdout.readline().strip() == "done"
-    span = (time.monotonic() - t0) * 1.3
-    child.wait(30)
-    child.stdout.close()
-    child.stdin.close()
-    assert cfg.read_text() == new
+    spans = []
+    for _ in range(3):  # the slowest of three whole writes: fsync times vary from write to write
+        cfg.write_text(old)
+        for p in tmp_path.iterdir():
+            if p.name.startswith("cfg.yaml.bak"):
+                p.unlink()
+        child = subprocess.Popen([sys.executable, "-c", _WRITER, str(cfg), str(newfile)], cwd=str(REPO),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+        spans.append(time.monotonic() - t0)
+        child.wait(30)
+        child.stdout.close()
+        child.stdin.close()
+        assert cfg.read_text() == new
+    span = max(spans) * 1.3
     for i in range(16):
         cfg.write_text(old)
         for p in tmp_path.iterdir():  # a clean slate, except the stale lock a kill may leave
@@ -78,7 +84,9 @@ def test_sigkill_at_random_points_leaves_old_or_new_and_intact_backups(tmp_path)
         child = subprocess.Popen([sys.executable, "-c", _WRITER, str(cfg), str(newfile)], cwd=str(REPO),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert child.stdout.readline().strip() == "ready"
-        delay = rnd.uniform(0, span) if i else 0.0
+        # the first kill before anything is written, the last after the write has surely ended,
+        # the others anywhere in between
+        delay = 0.0 if i == 0 else (2 * span if i == 15 else rnd.uniform(0, span))
         delays.append(delay)
         child.stdin.write("go\n")
         child.stdin.flush()
