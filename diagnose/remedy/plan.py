@@ -462,11 +462,6 @@ def _world(ctx: Context) -> int:
     return int(ctx.world_size)
 
 
-def _fitting(cfg, ctx, changes) -> Optional[Estimate]:
-    e = _est(with_changes(cfg, changes), ctx)
-    return e if e.fits_with_margin else None
-
-
 # --- search, then prove: layouts and offload settings ----------------------------------------
 @dataclass
 class Candidate:
