@@ -26,13 +26,17 @@ def reports():
 def test_every_report_fits_the_width_and_tells_the_story_first(reports, width, details):
     assert len(reports) > 20
     for path, report in reports.items():
+        _check_first_screen(path, report, width, details)
+
+
+def _check_first_screen(path, report, width, details):
         out = get_formatter("text", width=width, details=details).render(report)
         lines = out.splitlines()
         assert all(len(line) <= width for line in lines), (path.name, max(lines, key=len))
         rc = report.root_cause
         if rc is None:
             assert lines[0].startswith("healthy"), path.name
-            continue
+            return
         head = "\n".join(lines[:15])
         assert f"[{rc.finding.signature.id}]" in lines[0], path.name
         compact = "".join(l.strip() for l in lines[:15]).replace(" ", "")  # a long path wraps mid-token
@@ -44,7 +48,21 @@ def test_every_report_fits_the_width_and_tells_the_story_first(reports, width, d
                 assert o in flat.replace("overrides: ", ""), (path.name, o)
             assert not any("…" in l for l in lines if "=" in l and "overrides" in l), path.name
         if not details:
-            assert len(lines) <= 15 + len(report.notes) * 3, (path.name, len(lines))
+            path_lines = len(str(path)) // (width - 8)  # a long path wraps: the lines it takes beyond one
+            assert len(lines) <= 15 + path_lines + len(report.notes) * 3, (path.name, len(lines))
+
+
+@pytest.mark.parametrize("details", [False, True], ids=["first-screen", "details"])
+def test_a_deep_path_still_leaves_the_overrides_on_the_first_screen(tmp_path, details):
+    """CI once cloned into a longer folder than ours: the path took a third line at 80 columns and
+    pushed the last override past line 15. The wrapped evidence is capped in both modes."""
+    deep = tmp_path.joinpath(*["a-rather-long-folder-name"] * 4)
+    deep.mkdir(parents=True)
+    log = deep / "bridge_qwen3_30b_a3b_activation_offload_pp1_oom.log"
+    log.write_bytes((REPO / "fixtures" / "logs" / log.name).read_bytes())
+    report = diagnose_paths([str(log)], load())
+    assert len(report.root_cause.overrides) >= 5 and len(str(log)) > 150
+    _check_first_screen(log, report, 80, details)
 
 
 def test_columns_is_honoured(monkeypatch, reports):

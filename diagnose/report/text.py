@@ -23,6 +23,7 @@ from .base import Formatter
 _SEV_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 MIN_WIDTH, DEFAULT_WIDTH = 40, 100
 EVIDENCE_LINES = 3  # the evidence line, wrapped, at most this many lines on the first screen
+DETAILS_EVIDENCE_LINES = 6  # with --details: more of it, still leaving the overrides on the first screen
 
 # what each evidence layer means to a reader (analyze/layers.py)
 BASIS_TEXT = {
@@ -119,7 +120,7 @@ def render_root(lines: Lines, r: Report, details: bool, known: bool = False):
     lines.add(f"{where}{rank}{src}  [{s.category}, {rc.confidence}]", indent="  ", label="-->", style="",
               label_style="bold blue", sep="")
     lines.add(rc.hit.text, indent="   | ", style="italic", hang="",
-              limit=0 if details else (EVIDENCE_LINES if lines.width >= 120 else EVIDENCE_LINES - 1))
+              limit=DETAILS_EVIDENCE_LINES if details else (EVIDENCE_LINES if lines.width >= 120 else EVIDENCE_LINES - 1))
     if rc.overrides:  # right under the evidence: the fix, whole and copy-pasteable
         lines.add(" ".join(rc.overrides), indent="  ", label="overrides", style="bold cyan")
     if rc.basis != "signature":
