@@ -194,6 +194,9 @@ def merge_structure(dst: S.Structure, src: S.Structure):
         elif name == "config_blocks":  # the last few of each kind, kept as structure.add_config_block keeps them
             for item in b:
                 S.add_config_block(dst, item)
+        elif name == "timer_records":  # the latest few, as structure.add_timer_record keeps them
+            for item in b:
+                S.add_timer_record(dst, *item)
         elif name == "activity":  # the latest few, trimmed as structure.on_line trims them
             for item in b:
                 a.append(item)

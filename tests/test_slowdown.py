@@ -78,6 +78,30 @@ def test_deepspeed_timer_lines_are_read():
     assert rep.root_cause.hit.text.startswith("optimizer step 570.1 ms = 62%")
 
 
+def test_each_timer_line_keeps_its_own_split():
+    """Real DeepSpeed lines (EleutherAI/gpt-neox, dev part): a microstep line whose step is 0.05 ms,
+    then a line of optimizer sub-timers cut mid-field. Fields of different lines are never mixed
+    into one split; a third line of another run, with a dominating step, is one record of three
+    and the median record speaks for the run."""
+    micro = ("[2023-06-03 00:10:47,338] [INFO] [logging.py:96:log_dist] [Rank 0] rank=0 time (ms) | "
+             "forward_microstep: 1347.74 | backward_microstep: 4575.24 | backward_inner_microstep: 4292.91 | "
+             "backward_allreduce_microstep: 282.29 | step_microstep: 0.05\n")
+    opt = ("[2023-06-03 00:10:54,906] [INFO] [logging.py:96:log_dist] [Rank 0] rank=0 time (ms) | "
+           "optimizer_allgather: 1290.48 | optimizer_gradient\n")
+    step = "time (ms) | forward: 100.00 | backward: 200.00 | step: 900.00\n"
+    one = diagnose_text(micro + opt)
+    assert one.metrics["optimizer_share"] == pytest.approx(0.05 / (0.05 + 1347.74 + 4575.24), rel=1e-3)
+    assert one.root_cause is None
+    # two records dominated by the step (0.75) and one not: the median record is dominated
+    three = diagnose_text(micro + step + step.replace("100.00", "110.00"))
+    assert three.metrics["optimizer_share"] == pytest.approx(900 / 1210, rel=1e-3)
+    assert three.root_cause.finding.signature.id == "MB-SYM-006"
+    assert "the median of 3 timer records" in three.root_cause.hit.text
+    # the old merge took forward/backward of the last line and the step of any: not any more
+    mixed = diagnose_text(step + micro)
+    assert mixed.metrics["optimizer_share"] == pytest.approx(0.05 / (0.05 + 1347.74 + 4575.24), rel=1e-3)
+
+
 def _iters(times):
     return "".join(f" iteration {i + 1:>8}/     100 | elapsed time per iteration (ms): {t:.1f} | lm loss: 2.0 |\n"
                    for i, t in enumerate(times))

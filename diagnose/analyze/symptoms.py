@@ -5,7 +5,8 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   last_iteration         highest iteration number; train_iters: the planned total
   iter_ms_median         median elapsed time per iteration (ms)
   iter_ms_first          median of the first iterations after the first (warm-up) one
-  iter_ms_last           median of the last three iterations
+  iter_ms_last           median of the last three iterations (with 3 to 5 iterations: the
+                         first and the last, and the trend over all of them)
   iter_time_growth       iter_ms_last / iter_ms_first
   iter_time_trend        Kendall's tau of the iteration time against the iteration, past the
                          first (warm-up) one: near 1 when the run slows steadily, near 0 for noise
@@ -16,8 +17,9 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   loss_nan_iters         iteration lines whose loss is nan/inf
   grad_norm_nan_iters    iteration lines whose grad norm is nan/inf
   nan_iters_reported     the largest "number of nan iterations"
-  optimizer_share        optimizer / (forward-backward + optimizer) from the last timers, in any
-                         format (MLM/Bridge blocks, DeepSpeed / older Megatron "time (ms) |" lines)
+  optimizer_share        optimizer / (forward-backward + optimizer) of the median timer record (a
+                         block or line), in any format (MLM/Bridge blocks, DeepSpeed / older
+                         Megatron "time (ms) |" lines)
   timer_spread           the slowest rank's forward-backward over the fastest's (MLM (min, max))
   cpu_optimizer          1 where the log shows a CPU optimizer (DeepSpeed CPU Adam, ZeRO-Offload)
   iter_time_step         the largest step change in iteration time (median after / before, past
@@ -61,6 +63,11 @@ def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
                 if m["iter_ms_first"] > 0:
                     m["iter_time_growth"] = m["iter_ms_last"] / m["iter_ms_first"]
                 m["iter_time_trend"] = round(kendall_tau(times[1:]), 3)
+            elif len(times) >= 3:  # a short paste: each logged point is already an average
+                m["iter_ms_first"], m["iter_ms_last"] = times[0], times[-1]
+                if times[0] > 0:
+                    m["iter_time_growth"] = times[-1] / times[0]
+                m["iter_time_trend"] = round(kendall_tau(times), 3)
             if baseline_ms:
                 m["slowdown"] = m["iter_ms_median"] / baseline_ms
         # counted on every iteration line read (structure.Structure._iteration_evidence)
@@ -108,34 +115,51 @@ def component_times(s: Structure) -> dict:
     return out
 
 
+def _split(vals: dict) -> dict:
+    """{component: ms} of one timer record (the first of each component's names it holds)."""
+    got = {}
+    for comp, names in COMPONENTS.items():
+        v = next((vals[n] for n in names if n in vals), None)
+        if v is not None:
+            got[comp] = v
+    return got
+
+
 def timer_shares(s: Structure) -> dict:
     """optimizer_share (optimizer / (forward + backward + optimizer)), timer_spread (the slowest
     rank's forward-backward over the fastest's, where a format gives both) and cpu_optimizer
-    (the log shows a CPU optimizer); the attribution line is noted as evidence."""
-    tm = s.timers
+    (the log shows a CPU optimizer); the attribution line is noted as evidence.
+
+    The share is read per timer record (one block or line: one iteration's split), never from
+    fields of different lines mixed, and the median record speaks for the run: lines of several
+    runs pasted together, or a microstep line beside a step line, each keep their own split."""
     out: dict = {}
-    if not tm:
+    if not s.timers:
         return out
-    got = {}
-    for comp, names in COMPONENTS.items():
-        v = next((tm[n] for n in names if n in tm), None)
-        if v is not None:
-            got[comp] = v
-    opt = got.get("optimizer step")
-    fb = got.get("forward-backward")
-    if fb is None and ("forward" in got or "backward" in got):
-        f, b = got.get("forward", (0.0, 0.0)), got.get("backward", (0.0, 0.0))
-        fb = (f[0] + b[0], f[1] + b[1])
     out["cpu_optimizer"] = 1 if s.tally.get("cpu_optimizer") else 0
-    if opt and fb and (opt[1] + fb[1]) > 0:
-        out["optimizer_share"] = opt[1] / (opt[1] + fb[1])
-        parts = {k: v[1] for k, v in got.items() if k != "forward-backward" or "forward" not in got}
-        total = opt[1] + fb[1]
+    shares = []
+    for file, line, vals in s.timer_records:
+        got = _split(vals)
+        opt, fb = got.get("optimizer step"), got.get("forward-backward")
+        if fb is None and ("forward" in got or "backward" in got):
+            fb = got.get("forward", 0.0) + got.get("backward", 0.0)
+        if opt is not None and fb is not None and opt + fb > 0:
+            shares.append((opt / (opt + fb), file, line, got, opt + fb))
+    if shares:
+        share, file, line, got, total = sorted(shares, key=lambda r: r[0])[(len(shares) - 1) // 2]
+        out["optimizer_share"] = share
+        parts = {k: v for k, v in got.items() if k != "forward-backward" or "forward" not in got}
         top = max(parts, key=parts.get)
-        file, line, _ = s.evidence.get("timers", ("", 0, ""))
         s.note("timer_attribution", file, line, f"{top} {parts[top]:.1f} ms = {parts[top] / total:.0%} of the "
-               "timed iteration (" + ", ".join(f"{k} {v:.1f} ms" for k, v in parts.items() if k != top) + ")",
-               replace=True)
+               "timed iteration (" + ", ".join(f"{k} {v:.1f} ms" for k, v in parts.items() if k != top) + ")"
+               + (f"; the median of {len(shares)} timer records" if len(shares) > 1 else ""), replace=True)
+    fb = next((s.timers[n] for n in COMPONENTS["forward-backward"] if n in s.timers), None)
+    if fb is None:
+        f = next((s.timers[n] for n in COMPONENTS["forward"] if n in s.timers), None)
+        b = next((s.timers[n] for n in COMPONENTS["backward"] if n in s.timers), None)
+        if f is not None or b is not None:
+            f, b = f or (0.0, 0.0), b or (0.0, 0.0)
+            fb = (f[0] + b[0], f[1] + b[1])
     if fb and fb[0] > 0 and fb[1] > fb[0]:
         out["timer_spread"] = fb[1] / fb[0]
     return out

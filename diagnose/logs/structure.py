@@ -19,6 +19,8 @@ from .lines import clean, prefix_key, split_prefix, timestamp
 
 MAX_SERIES = 50_000  # iteration points kept (then decimated by 2): ~1.2 KB each, so <= 60 MB
 MAX_RECORDS = 200  # tracebacks, exceptions, memory reports kept
+MAX_TIMER_RECORDS = 64  # the latest timer blocks / lines kept whole (analyze/symptoms.timer_shares)
+MAX_TIMER_NAMES = 256  # distinct timer names kept (MLM's level-2 block has about 40), and per record
 MAX_ACTIVITY = 64  # activity lines kept (the latest)
 
 # structure key -> anchors. Keys start with "@" so they never collide with signature ids.
@@ -177,6 +179,9 @@ class Structure:
     decimation: int = 1
     memory: list = field(default_factory=list)  # dicts: file,line,rank,iteration,unit,values (GB)
     timers: dict = field(default_factory=dict)  # name -> (min, max) of the last block
+    # (file, line, {name: max ms}) of each timer block or line, the latest few: one record is
+    # one iteration's coherent split (lines of different runs or steps are not mixed)
+    timer_records: list = field(default_factory=list)
     timer_blocks: int = 0
     tracebacks: list = field(default_factory=list)
     traceback_count: int = 0
@@ -414,7 +419,8 @@ class TimerBlock(Block):
             self.s.note("timers", self.file, self.start_line, "timers: " + ", ".join(
                 f"{k} {v[1]:.1f} ms" for k, v in list(self.values.items())[:6]), replace=True)
             self.s.timer_blocks += 1
-            self.s.timers.update(self.values)
+            add_timers(self.s, self.values)
+            add_timer_record(self.s, self.file, self.start_line, {k: v[1] for k, v in self.values.items()})
 
 
 class TracebackBlock(Block):
@@ -717,7 +723,8 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         vals = {k.strip(): float(v) for k, v in _TIMER_FIELD.findall(text.split("time (ms)", 1)[1])}
         if vals:
             s.timer_blocks += 1
-            s.timers.update({k: (v, v) for k, v in vals.items()})
+            add_timers(s, {k: (v, v) for k, v in vals.items()})
+            add_timer_record(s, file, line, vals)
             s.note("timers", file, line, text, replace=True)
     elif key == "@cpu_optimizer":
         s.count("cpu_optimizer")
@@ -747,3 +754,22 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         m = re.search(r"weight and optimizer=([\d.]+) MB", text)
         if m:
             s.theoretical_mb = float(m.group(1))
+
+
+def add_timers(s: "Structure", values: dict) -> None:
+    """The latest (min, max) of each timer name; at most MAX_TIMER_NAMES names (a log that makes
+    up a new name on every line does not grow the memory)."""
+    tm = s.timers
+    for k, v in values.items():
+        if k in tm or len(tm) < MAX_TIMER_NAMES:
+            tm[k] = v
+
+
+def add_timer_record(s: "Structure", file: str, line: int, vals: dict) -> None:
+    """One timer block or line, kept whole (its first MAX_TIMER_NAMES names); the latest
+    MAX_TIMER_RECORDS (trimmed in batches)."""
+    if len(vals) > MAX_TIMER_NAMES:
+        vals = dict(list(vals.items())[:MAX_TIMER_NAMES])
+    s.timer_records.append((file, line, vals))
+    if len(s.timer_records) > 2 * MAX_TIMER_RECORDS:
+        del s.timer_records[:-MAX_TIMER_RECORDS]
