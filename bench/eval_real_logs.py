@@ -76,13 +76,26 @@ def _row(folder: Path, lab: dict) -> dict:
     }
 
 
+SEEN = "test-seen.txt"  # test-part logs someone here read while writing rules (corpus root)
+
+
+def seen_test_logs(root: Path) -> set:
+    """``slice/file`` of the test-part logs listed in <root>/test-seen.txt (# comments)."""
+    p = root / SEEN
+    if not p.is_file():
+        return set()
+    return {ln.split("#", 1)[0].strip() for ln in p.read_text(encoding="utf-8").splitlines()} - {""}
+
+
 def evaluate(root: Path, part: str = "all") -> dict:
     rows = []
+    seen = seen_test_logs(root)
     for folder in labelled_folders(root):
         for lab in json.loads((folder / "labels.json").read_text(encoding="utf-8")):
             if part != "all" and part_of(repo_of(lab)) != part:
                 continue
             rows.append(_row(folder, lab))
+            rows[-1]["seen"] = f"{folder.name}/{lab['file']}" in seen
     healthy = [r for r in rows if r["expected"] == "healthy"]
     failed = [r for r in rows if r["expected"] != "healthy"]
     return {
@@ -90,6 +103,8 @@ def evaluate(root: Path, part: str = "all") -> dict:
         "evidence_matches": sum(r["evidence_match"] for r in rows),
         "healthy_flagged": sum(1 for r in healthy if r["got"] != "healthy"),
         "failed_called_healthy": sum(1 for r in failed if r["got"] == "healthy"),
+        "unseen_total": sum(1 for r in rows if not r["seen"]),
+        "unseen_correct": sum(r["correct"] for r in rows if not r["seen"]),
         "rows": rows,
     }
 
@@ -136,6 +151,9 @@ def main(argv=None) -> int:
     print(f"\n{a.folder} part {res['part']}: top-1 root-cause accuracy {res['correct']}/{res['total']}"
           f" = {res['correct'] / max(res['total'], 1):.1%}; evidence line matches {res['evidence_matches']}/{res['total']};"
           f" healthy logs flagged {res['healthy_flagged']}; failed logs called healthy {res['failed_called_healthy']}")
+    if res["unseen_total"] < res["total"]:
+        print(f"  without the {res['total'] - res['unseen_total']} test logs read while writing rules ({SEEN}): "
+              f"{res['unseen_correct']}/{res['unseen_total']} = {res['unseen_correct'] / max(res['unseen_total'], 1):.1%}")
     return 0
 
 
