@@ -280,7 +280,37 @@ def _repeated_group_hazard(body: str):
     lits = [w for w in (_literal(a) for a in alts) if w]
     if len(lits) != len(set(lits)) or _not_uniquely_decodable(set(lits)):
         return "a repeated alternation whose branches overlap"
+    singles = [a[0][0] for a in alts if len(a) == 1 and not a[0][1] and _one_char(a[0][0])]
+    for i, x in enumerate(singles):
+        for y in singles[i + 1:]:
+            if _chars(x) & _chars(y):  # (\s|\s)+, (.|a)+, ([a-z]|a)+: one character, two ways
+                return "a repeated alternation whose branches overlap"
     return None
+
+
+# characters the single-character branches of an alternation are compared on: ASCII, a few
+# Latin-1 / Unicode letters, digits and spaces (enough to see two classes overlap)
+_PROBE_CHARS = [chr(c) for c in range(128)] + list("\u00a0\u00e9\u0101\u03b1\u0436\u4e2d\u0660\u2003\u2028")
+
+
+def _one_char(atom: str) -> bool:
+    """Does this atom match exactly one character (a literal, an escape class, '.', a [class])?"""
+    if atom.startswith("["):
+        return True
+    if atom == ".":
+        return True
+    if atom.startswith("\\") and len(atom) == 2:
+        return atom[1] not in "bBAZzG" and not atom[1].isdigit()
+    return len(atom) == 1 and atom not in "^$|()"
+
+
+@lru_cache(maxsize=512)
+def _chars(atom: str) -> frozenset:
+    try:
+        pat = regex.compile(atom, regex.DOTALL)
+    except regex.error:
+        return frozenset()
+    return frozenset(c for c in _PROBE_CHARS if pat.fullmatch(c))
 
 
 def _not_uniquely_decodable(words: set) -> bool:
@@ -302,11 +332,36 @@ def _not_uniquely_decodable(words: set) -> bool:
     return False
 
 
+NESTED_REPEAT_LIMIT = 1000  # (a{1,1000}){1,1000}: a variable repeat inside a variable repeat
+UNBOUNDED = 10**9
+
+
+def _repeat_bound(pattern: str, j: int) -> int:
+    """The upper count of a variable quantifier at pattern[j] ('*', '+', '{m,}', '{m,n}' with
+    n > m): UNBOUNDED or n; 0 for none or a fixed count ('{3}', '?' counts 1)."""
+    c = pattern[j:j + 1]
+    if c in ("*", "+"):
+        return UNBOUNDED
+    if c == "?":
+        return 1
+    m = regex.match(r"\{(\d*),(\d*)\}", pattern[j:])
+    if not m:
+        return 0
+    lo, hi = int(m.group(1) or 0), m.group(2)
+    if not hi:
+        return UNBOUNDED
+    return int(hi) if int(hi) > lo else 0
+
+
 def check_regex_safety(pattern: str) -> None:
     """Reject the shapes of catastrophic backtracking: nested unbounded quantifiers ``(a+)+``,
-    ``(.*a)*``, ``(\\s*)*``; a repeated group that can match the empty string ``(a?)+``; a
-    repeated alternation of literals that can split one string two ways ``(a|aa)+``, ``(a|ab|b)*``."""
+    ``(.*a)*``, ``(\\s*)*``; nested variable quantifiers whose counts multiply past
+    NESTED_REPEAT_LIMIT ``(a{1,1000}){1,1000}``; a repeated group that can match the empty
+    string ``(a?)+``; a repeated alternation whose branches can split one string two ways:
+    literals ``(a|aa)+``, ``(a|ab|b)*``, or one-character branches that share a character
+    ``(\\s|\\s)+``, ``(.|a)+``, ``([a-z]|a)+``."""
     depth_unbounded = []  # for each open group: does it contain an unbounded quantifier?
+    bounds = []  # for each open group: the largest repeat count of a variable quantifier inside
     opens = []  # index of each open group's "("
     i, n = 0, len(pattern)
     escaped = False
@@ -328,6 +383,7 @@ def check_regex_safety(pattern: str) -> None:
                 i += 1
         elif c == "(":
             depth_unbounded.append(False)
+            bounds.append(0)
             opens.append(i)
         elif c == ")":
             inner = depth_unbounded.pop() if depth_unbounded else False
@@ -336,6 +392,13 @@ def check_regex_safety(pattern: str) -> None:
             quant_unbounded = (nxt != "" and nxt in "*+") or (nxt == "{" and regex.match(r"\{\d*,\}", pattern[i + 1:]))
             if inner and quant_unbounded:
                 raise DatabaseError(f"regex has a nested unbounded quantifier near {pattern[max(0, i - 20):i + 2]!r}")
+            outer = _repeat_bound(pattern, i + 1)
+            inside = bounds.pop() if bounds else 0
+            if outer > 1 and inside and outer * inside > NESTED_REPEAT_LIMIT:
+                raise DatabaseError(f"regex has nested quantifiers whose counts multiply past {NESTED_REPEAT_LIMIT} "
+                                    f"(catastrophic backtracking) near {pattern[max(0, i - 20):i + 2]!r}")
+            if bounds:
+                bounds[-1] = max(bounds[-1], inside * max(outer, 1) if inside else outer)
             if quant_unbounded and start is not None:
                 why = _repeated_group_hazard(pattern[start + 1:i])
                 if why:
@@ -346,6 +409,8 @@ def check_regex_safety(pattern: str) -> None:
         elif c in "*+" or (c == "{" and regex.match(r"\{\d*,\}", pattern[i:])):
             if depth_unbounded:
                 depth_unbounded[-1] = True
+        if not escaped and not in_class and c != ")" and bounds and pattern[i + 1:i + 2] in ("{", "*", "+"):
+            bounds[-1] = max(bounds[-1], _repeat_bound(pattern, i + 1))  # an atom's own variable repeat
         i += 1
 
 

@@ -122,6 +122,13 @@ CATASTROPHIC = [
     r"(?:(?:a)?)*",
     r"(?:\b)+x",
     r"^foo (?:[^\]]+ ?)+$",
+    # issue 16, item 9: user signatures that loaded before
+    r"(\s|\s)+!",
+    r"(.|a)+!",
+    r"(?:[a-z]|a)+!",
+    r"(a{1,1000}){1,1000}!",
+    r"(?:\d|[0-9a-f])+x",
+    r"(?:x{2,40}y?){2,100}",
 ]
 
 SAFE = [
@@ -141,6 +148,10 @@ SAFE = [
     r"(?:\d{1,3}\.){3}\d{1,3}",
     r"(?>.*?UserWarning:).*deprecat",
     r"CUDA out of memory\. Tried to allocate (?P<req_size>[\d.]+ [KMG]iB)",
+    r"(?:\s|\S)+",  # one-character branches with no character in common
+    r"(?:[a-f]|[0-9])+",
+    r"(?:\d{1,3}[.,]?){1,4}",  # nested, but 3 x 4 repeats
+    r"(?:\.|,|;)+",
 ]
 
 
@@ -161,6 +172,10 @@ SLOW_PROBES = {  # shapes the checker refuses, and a probe on which `regex` real
     r"(?:a|ab|b)*": "ab" * 30 + "!",
     r"(\s*)*": " " * 5000 + "!",
     r"(?P<n>a|aa){2,}": "a" * 40 + "!",
+    r"(\s|\s)+": " " * 40 + "!",
+    r"(.|a)+": "a" * 40 + "!",
+    r"(?:[a-z]|a)+": "a" * 40 + "!",
+    r"(a{1,1000}){1,1000}": "a" * 3000 + "!",
 }
 
 
