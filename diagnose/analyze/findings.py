@@ -8,10 +8,12 @@ from ..model import Finding, Hit, Signature
 
 MAX_SAMPLES = 20
 MAX_LINES = 200_000  # (file, line) of root / cascade hits kept to tell explained exceptions from the rest
+MAX_RANKS = 65_536  # distinct ranks counted per finding (a larger job's further ranks count in ``count`` only)
 
 
 class Findings:
-    """Aggregates hits as they stream in. Memory is O(signatures x MAX_SAMPLES)."""
+    """Aggregates hits as they stream in. Memory is O(signatures x (MAX_SAMPLES + MAX_RANKS)) and
+    O(MAX_LINES), whatever the log."""
 
     def __init__(self):
         self.by_id: dict[str, Finding] = {}
@@ -29,7 +31,8 @@ class Findings:
         # launcher's summary (a confirmation names no cause)
         if len(self.lines) < MAX_LINES and sig.role in ("root", "cascade"):
             self.lines.add((hit.file, hit.line))
-        f.ranks[hit.rank] += 1
+        if hit.rank in f.ranks or len(f.ranks) < MAX_RANKS:
+            f.ranks[hit.rank] += 1
         if len(f.samples) < MAX_SAMPLES:
             f.samples.append(hit)
         if _earlier(hit, f.first):
