@@ -49,14 +49,11 @@ def _load(path: str):
         cfg = load_config(path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    from ..config.schema import impossible_values, validate
-
     # a plan on a NaN, a size 0 or a date where a count belongs would be nonsense (keys this
     # version does not know are fine: they are the job's business)
-    bad = [p for p in validate(cfg.data) if not p.endswith(("unknown key",)) and "unknown section" not in p]
-    bad = bad or impossible_values(cfg.data)
+    bad = PL.unplannable(cfg)
     if bad:
-        raise click.ClickException(f"{path}: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+        raise click.ClickException(f"{path}: {bad}")
     return cfg
 
 

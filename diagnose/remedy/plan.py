@@ -797,6 +797,10 @@ def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Contex
     ctx = ctx or Context()
     cfg = cfg if cfg is not None else RunConfig()
     out = Plan(causes=list(causes))
+    bad = unplannable(cfg)
+    if bad:  # the run's printed config can hold what no user file passes (--fix checks those)
+        out.no_fix.extend((sig, f"no plan on this config: {bad}") for sig in causes)
+        return out
     work = cfg.copy()  # each cause is planned on top of the previous causes' edits
     for sig in causes:
         roots = dict(work.data)
@@ -847,6 +851,19 @@ def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Contex
     if out.edits:
         out.effect = effect_of(cfg, out.edits, ctx)
     return out
+
+
+def unplannable(cfg: RunConfig) -> Optional[str]:
+    """Why no plan can be made on ``cfg`` (a NaN, a size 0, a date or text where a count
+    belongs: config/schema.py's checks of types and values), or None. Keys this version does
+    not know are the job's business, not a reason."""
+    from ..config.schema import impossible_values, validate
+
+    bad = [p for p in validate(cfg.data) if not p.endswith("unknown key") and "unknown section" not in p]
+    bad = bad or impossible_values(cfg.data)
+    if not bad:
+        return None
+    return bad[0] + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
 
 
 def rebase(p: Plan, target: Optional[RunConfig]) -> Plan:
