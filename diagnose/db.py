@@ -119,6 +119,22 @@ def _load(path: str) -> Database:
     return db
 
 
+def _names(raw: dict, key: str) -> tuple:
+    """A list of strings (ids, tags): empty where absent."""
+    v = raw.get(key)
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise DatabaseError(f"{key!r} must be a list of strings, got {v!r:.60}")
+    return tuple(v)
+
+
+def _version(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10**6:
+        raise DatabaseError(f"version: expected a positive integer, got {v!r:.60}")
+    return v
+
+
 def _priority(v) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not -1000 <= v <= 1000:
         raise DatabaseError(f"priority: expected an integer in [-1000, 1000], got {v!r}")
@@ -128,8 +144,8 @@ def _priority(v) -> int:
 def _load_file(path: Path) -> Iterable[Signature]:
     try:
         doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError as exc:
-        raise DatabaseError(f"{path.name}: invalid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # its message spans lines (the mark, a caret): one line here
+        raise DatabaseError(f"{path.name}: invalid YAML: {' '.join(str(exc).split())}") from None
     except UnicodeDecodeError:
         raise DatabaseError(f"{path.name}: not UTF-8 text") from None
     except OSError as exc:
@@ -492,7 +508,12 @@ def _build(raw: dict, fname: str) -> Signature:
         except regex.error as exc:
             raise DatabaseError(f"regex does not compile: {exc}") from None
         check_regex_safety(pattern)
-    refines = tuple(raw.get("refines") or ())
+    for key in ("metric", "docs"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise DatabaseError(f"{key!r} must be a string, got {raw[key]!r:.60}")
+    if match.get("captures_when") is not None and not isinstance(match["captures_when"], str):
+        raise DatabaseError("'match.captures_when' must be a predicate string")
+    refines = _names(raw, "refines")
     if scope == "refine" and not refines:
         raise DatabaseError("a refine signature needs 'refines'")
     if scope == "config" and not (raw.get("confirm") or {}).get("when"):
@@ -502,6 +523,9 @@ def _build(raw: dict, fname: str) -> Signature:
     confirm = raw.get("confirm") or {}
     if isinstance(confirm, str):
         confirm = {"text": confirm}
+    if not isinstance(confirm, dict) or set(confirm) - {"text", "when"} or not all(
+            isinstance(v, str) for v in confirm.values() if v is not None):
+        raise DatabaseError("'confirm' is a text, or a mapping of 'text' and 'when' strings")
     for expr in (confirm.get("when"), raw.get("metric"), match.get("captures_when")):
         if expr:
             try:
@@ -518,6 +542,8 @@ def _build(raw: dict, fname: str) -> Signature:
             SpecifierSet(str(spec))
         except InvalidSpecifier:
             raise DatabaseError(f"applies[{fw}]: {spec!r} is not a version specifier") from None
+    if not isinstance(raw.get("fixes") or [], list):
+        raise DatabaseError("'fixes' must be a list")
     fixes = tuple(_fix(f, f"fix #{i}") for i, f in enumerate(raw.get("fixes") or []))
     tm, tn = _tests(raw, scope)
     for k in ("cause", "title"):
@@ -533,12 +559,12 @@ def _build(raw: dict, fname: str) -> Signature:
         references=tuple(r if isinstance(r, dict) else {"path": str(r)} for r in refs),
         applies={k: str(v) for k, v in applies.items()}, tests_match=tm, tests_no_match=tn,
         file=fname, priority=_priority(raw.get("priority", 50)),
-        supersedes=tuple(raw.get("supersedes") or ()), demoted_by=tuple(raw.get("demoted_by") or ()),
+        supersedes=_names(raw, "supersedes"), demoted_by=_names(raw, "demoted_by"),
         refines=refines,
         metric=raw.get("metric"), when_captures=match.get("captures_when"),
         preflight=bool(raw.get("preflight", False)), docs=raw.get("docs"),
-        version=int(raw.get("version", 1)), last_verified=str(raw.get("last_verified") or "") or None,
-        aliases=tuple(raw.get("aliases") or ()), tags=tuple(raw.get("tags") or ()),
+        version=_version(raw.get("version", 1)), last_verified=str(raw.get("last_verified") or "") or None,
+        aliases=_names(raw, "aliases"), tags=_names(raw, "tags"),
     )
 
 

@@ -104,7 +104,15 @@ def test_version_ranges_follow_the_released_sources():
 
 @pytest.mark.parametrize("field,why", [("    priority: high\n", "priority: expected an integer"),
                                        ("    priority: 99999999\n", "priority: expected an integer"),
-                                       ("    match: {anchors: [xyz], regex: 5}\n", "regex must be a string")])
+                                       ("    match: {anchors: [xyz], regex: 5}\n", "regex must be a string"),
+                                       # found by tests/test_fuzz_surfaces.py (they raised TypeError /
+                                       # AttributeError before)
+                                       ("    tags: 2026-12-02\n", "'tags' must be a list of strings"),
+                                       ("    supersedes: 3\n", "'supersedes' must be a list of strings"),
+                                       ("    confirm: 1\n", "'confirm' is a text, or a mapping"),
+                                       ("    fixes: 1\n", "'fixes' must be a list"),
+                                       ("    metric: 2026-12-02\n", "'metric' must be a string"),
+                                       ("    version: x\n", "version: expected a positive integer")])
 def test_bad_signature_fields_are_one_line_errors(tmp_path, field, why):
     from diagnose.db import DatabaseError, load
 
