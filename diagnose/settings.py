@@ -91,10 +91,11 @@ def _table(path: Path) -> Optional[dict]:
         raise SettingsError(f"{path}: cannot read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: invalid TOML: {exc}") from None
-    tool = (doc.get("tool") or {}).get("diagnose")
-    if path.name == "pyproject.toml":
-        return tool
-    if tool is not None:
+    tool = doc.get("tool")
+    tool = tool.get("diagnose") if isinstance(tool, dict) else None
+    if tool is not None and not isinstance(tool, dict):
+        raise SettingsError(f"{path}: tool.diagnose must be a table ([tool.diagnose]), got {tool!r:.60}")
+    if path.name == "pyproject.toml" or tool is not None:
         return tool
     return {k: v for k, v in doc.items() if k != "tool"}
 

@@ -38,6 +38,15 @@ def test_unknown_key_and_bad_toml_are_one_line_errors(tmp_path):
         ST.find(tmp_path)
 
 
+def test_a_tool_key_that_is_not_a_table(tmp_path):
+    """Found by tests/test_fuzz_surfaces.py: `tool = "local"` crashed (str has no .get)."""
+    (tmp_path / "diagnose.toml").write_text('tool = "local"\nlauncher = "local"\n')
+    assert ST.find(tmp_path).get("launcher") == "local"
+    (tmp_path / "diagnose.toml").write_text('[tool]\ndiagnose = 3\n')
+    with pytest.raises(ST.SettingsError, match="tool.diagnose must be a table"):
+        ST.find(tmp_path)
+
+
 def test_nothing_found(tmp_path):
     st = ST.find(tmp_path)
     assert st.get("launcher") is None and "[tool.diagnose]" in ST.HOWTO and "launch-cmd" in ST.HOWTO
