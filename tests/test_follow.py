@@ -173,3 +173,18 @@ def test_a_line_without_end_is_followed_in_bounded_memory(tmp_path):
     _append(log, "\n" + OOM + "\n")
     fol.poll()
     assert fol.fatal() is not None and fol.fatal().first.line == 2
+
+
+def test_a_long_unfinished_line_after_whole_lines_is_bounded_too(tmp_path):
+    """Found by tests/test_fuzz_surfaces.py: whole lines, then 3 MB without a newline in the same
+    poll: the unfinished tail was held whole (up to a poll's 8 MB read)."""
+    from diagnose.logs.read import MAX_LINE
+
+    log = tmp_path / "run.log"
+    log.write_bytes(b"a line\n" + b"y" * (3 * MAX_LINE))
+    fol = Follower(log, load())
+    fol.poll()
+    assert len(fol.carry) < MAX_LINE
+    _append(log, "\n" + OOM + "\n")
+    fol.poll()
+    assert fol.fatal() is not None and fol.fatal().first.line >= 3

@@ -92,13 +92,14 @@ class Follower:
             return []
         data = self.carry + new
         cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            if len(data) < MAX_LINE:
-                self.carry = data
-                return []
-            # a line longer than the reader's bound (a 600 MB line without a newline): scanned in
-            # pieces as logs/read.py scans it, so the pending part never grows past MAX_LINE
+        if len(data) - cut >= MAX_LINE:
+            # the unfinished last line is already longer than the reader's bound (a 600 MB line
+            # without a newline, alone or after whole lines): scanned in pieces as logs/read.py
+            # scans it, so the pending part never grows past MAX_LINE
             cut = len(data)
+        elif cut == 0:
+            self.carry = data
+            return []
         whole, self.carry = data[:cut], data[cut:]
         self._scan(whole)
         return self._changed()
