@@ -231,3 +231,24 @@ def test_unwritable_history_or_log_dir_is_refused_before_the_config_is_touched(t
     assert r.returncode == exitcodes.USAGE and "Traceback" not in r.stderr, r.stderr
     assert (tmp_path / "cfg.yaml").read_text() == CFG.read_text() and not list(tmp_path.glob("cfg.yaml.bak*"))
     assert not (tmp_path / "started").exists()
+
+
+def test_a_launch_command_that_reads_no_config_file_gets_the_fix_as_overrides(tmp_path):
+    """Issue 12, item 6: Bridge's scripts/training/run_recipe.py builds its config from the
+    recipe and trailing KEY=VALUE overrides; it reads no YAML. A rewritten file would never
+    reach the job, so the fix is appended to the command and the file is left as it is."""
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    script = tmp_path / "run_recipe.py"
+    script.write_text("import sys\nprint('argv:', ' '.join(sys.argv[1:]), flush=True)\n"
+                      "for i in range(1, 4):\n"
+                      "    print(f' iteration {i:>8}/       3 | elapsed time per iteration (ms): 20.0 | lm loss: 9.0 |',"
+                      " flush=True)\n")
+    cmd = shlex.join([sys.executable, str(script), "--recipe", "tiny"])
+    r = diagnose(str(REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"), "--fix", "cfg.yaml", "--relaunch",
+                 "--launcher", "local", "--launch-cmd", cmd, "--history", "h.jsonl", cwd=tmp_path)
+    assert r.returncode == exitcodes.FIXED_HEALTHY, r.stderr
+    assert "reads no config file" in r.stderr
+    assert (tmp_path / "cfg.yaml").read_text() == CFG.read_text()
+    rec = history(tmp_path / "h.jsonl")[-1]
+    assert "model.cpu_offloading=false" in rec["command"]
+    assert "argv: --recipe tiny model.cpu_offloading=false" in (tmp_path / rec["log"]).read_text()

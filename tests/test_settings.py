@@ -76,3 +76,18 @@ def test_settings_with_wrong_types_are_one_line_errors(tmp_path, line, what):
     (tmp_path / "diagnose.toml").write_text(line + "\n")
     with pytest.raises(ST.SettingsError, match=f"{what} = .*: must be"):
         ST.find(tmp_path)
+
+
+@pytest.mark.parametrize("cmd,reads", [
+    ("torchrun --nproc_per_node=8 scripts/training/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config", False),
+    ("torchrun scripts/training/run_recipe.py --recipe x --config-file run_config.yaml", True),
+    ("torchrun scripts/training/run_recipe.py --recipe x --config_file=run_config.yaml", True),
+    ("python train.py --config run_config.yaml", True),
+    ("python train.py", True),  # not a script known to read no file: the user's to know
+])
+def test_which_launch_commands_read_the_config_file(cmd, reads):
+    from pathlib import Path
+
+    from diagnose.launch.base import reads_config_file
+
+    assert reads_config_file(split_command(cmd), Path("run_config.yaml")) is reads

@@ -21,7 +21,8 @@ from .. import settings as ST
 from ..config.load import ConfigError, load_config
 from ..diagnosis import diagnose_paths
 from ..launch import loop as LP
-from ..launch.base import LaunchError, make_launcher
+from ..launch.base import LaunchError, make_launcher, reads_config_file
+from ..launch.local import split_command
 from ..launch.follow import POLL_S, Follower
 from ..remedy import causes as C
 from ..remedy import edit as E
@@ -211,6 +212,10 @@ def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind,
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
     max_attempts = max_attempts or int(st.get("max-attempts") or 3)
+    if not overrides_mode and not reads_config_file(split_command(launch_cmd), Path(fix_path)):
+        overrides_mode = True  # a rewritten file would never reach the job
+        _err(f"diagnose: the launch command reads no config file ({Path(fix_path).name} is not in it): the fix "
+             "is appended to it as KEY=VALUE overrides and the file is left as it is", quiet)
     loop = LP.RelaunchLoop(db, launcher, None if overrides_mode else Path(fix_path), LP.History(history), log_dir,
                            max_attempts=max_attempts, use_overrides=overrides_mode, allow_unsafe=unsafe,
                            planner=_planner(db, world_size, gpu, gpu_memory, unsafe, bridge_version),

@@ -55,6 +55,20 @@ class Launcher(ABC):
         return f"{self.name} job {job.job_id}"
 
 
+# launch scripts that read no config file: the fix reaches the job only as trailing KEY=VALUE
+# overrides (Megatron-Bridge's scripts/training/run_recipe.py builds the config from the recipe)
+OVERRIDES_ONLY = ("run_recipe.py",)
+
+
+def reads_config_file(argv: list, config_path: Path) -> bool:
+    """Does the command read ``config_path``? False where it runs a script that takes overrides
+    only and names no such file (then a rewritten YAML would never reach the job)."""
+    names = {str(config_path), config_path.name, str(config_path.resolve())}
+    if any(a in names or a.endswith("=" + str(config_path)) or Path(a).name == config_path.name for a in argv):
+        return True
+    return not any(Path(a).name in OVERRIDES_ONLY for a in argv)
+
+
 BACKENDS = {"local": "diagnose.launch.local:LocalLauncher", "slurm": "diagnose.launch.slurm:SlurmLauncher"}
 
 
