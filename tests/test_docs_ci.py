@@ -37,3 +37,29 @@ def test_ci_jobs_parse_and_use_real_options(run_cli):
             continue
         for o in opts:
             assert o in helptext, (o, line)
+
+
+def _user_docs():
+    return [REPO / "README.md", REPO / "signatures" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_docs_name_no_file_a_user_does_not_have():
+    """The specification and facts files live beside the repository, not in it (issue 13)."""
+    for p in _user_docs():
+        text = p.read_text()
+        for name in ("product.md", "megatron-facts.md", "architecture.md", "conventions.md", "../shared",
+                     "shared/spec"):
+            assert name not in text, (p.name, name)
+
+
+def test_docs_install_the_distribution_by_its_free_name():
+    """`diagnose` on the package index is an unrelated project: every pip line that names the
+    distribution names megatron-diagnose (the command stays `diagnose`)."""
+    import tomllib
+
+    name = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    assert name == "megatron-diagnose"
+    for p in _user_docs():
+        for line in p.read_text().splitlines():
+            for m in re.finditer(r"pip install\s+['\"]?([\w.-]+)\[", line):
+                assert m.group(1) == name, (p.name, line)
