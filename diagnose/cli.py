@@ -37,6 +37,7 @@ class DefaultGroup(click.Group):
                                    f"'diagnose {near[0]}'?", ctx)
         if not args or args[0] not in commands.REGISTRY and args[0] not in ("--help", "-h", "--version", "-V"):
             args = [self.default_command, *args]
+            ctx.meta["diagnose.implied_scan"] = True  # shell completion offers the subcommands here
         return super().parse_args(ctx, args)
 
     # subcommands are imported when used (commands.load)

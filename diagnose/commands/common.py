@@ -1,6 +1,8 @@
 """Helpers shared by commands: loading the database and configs with one-line errors."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from .. import db as DB
@@ -21,6 +23,47 @@ def load_cfg(path):
         return load_config(path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def complete_signature(ctx, param, incomplete: str) -> list:
+    """Shell completion: signature ids and slugs that start with what was typed."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        db = DB.load()
+    except DB.DatabaseError:
+        return []
+    low = incomplete.lower()
+    return [CompletionItem(s.id, help=s.title) for s in db.signatures if s.id.lower().startswith(low)] + \
+        [CompletionItem(s.slug, help=s.id) for s in db.signatures if s.slug.startswith(low)]
+
+
+def complete_category(ctx, param, incomplete: str) -> list:
+    from click.shell_completion import CompletionItem
+
+    from ..model import CATEGORIES
+
+    return [CompletionItem(c) for c in CATEGORIES if c.startswith(incomplete)]
+
+
+def complete_path_or_command(ctx, param, incomplete: str) -> list:
+    """The scan's PATHs: files and folders (the shell's own completion), and, for the first word
+    after ``diagnose``, the subcommands too (``diagnose ch<TAB>`` -> check)."""
+    from click.shell_completion import CompletionItem
+
+    from . import REGISTRY
+
+    import glob
+
+    if ctx.params.get(param.name) or not ctx.meta.get("diagnose.implied_scan"):
+        return [CompletionItem(incomplete, type="file")]
+    cmds = [CompletionItem(n, help="subcommand") for n in REGISTRY if n != "scan" and n.startswith(incomplete)]
+    if not cmds:
+        return [CompletionItem(incomplete, type="file")]  # the shell's own file completion
+    # a subcommand matches: the paths that match too, listed here (a "file" item would make
+    # bash's script drop the subcommands)
+    paths = sorted(glob.glob(glob.escape(incomplete) + "*"))[:200]
+    return cmds + [CompletionItem(p + ("/" if os.path.isdir(p) else ""), help="path") for p in paths]
 
 
 def versions_option(mcore_version):

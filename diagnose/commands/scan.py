@@ -10,7 +10,7 @@ from .. import baseline as BL
 from .. import exitcodes
 from ..diagnosis import diagnose_paths
 from ..report import FORMATS, get_formatter
-from .common import emit_report, load_cfg, load_db, versions_option
+from .common import complete_path_or_command, emit_report, load_cfg, load_db, versions_option
 
 
 def exit_code(report, fail_on: str, baseline=None) -> int:
@@ -19,7 +19,7 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 
 
 @click.command(epilog=exitcodes.HELP)
-@click.argument("paths", nargs=-1, type=str)
+@click.argument("paths", nargs=-1, type=str, shell_complete=complete_path_or_command)
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default=None,
               help="Output format (default: text). Machine formats (json, sarif, junit, github, gitlab, "
                    "markdown) go to stdout, the human summary to stderr.")

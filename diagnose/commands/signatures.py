@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import exitcodes
-from .common import load_db
+from .common import complete_category, complete_signature, load_db
 
 
 @click.group()
@@ -16,7 +16,7 @@ def signatures():
 
 
 @signatures.command("list")
-@click.option("--category", help="Only this category.")
+@click.option("--category", help="Only this category.", shell_complete=complete_category)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def list_(category, fmt):
     """One line per signature."""
@@ -47,7 +47,7 @@ def list_(category, fmt):
 
 
 @signatures.command("show")
-@click.argument("key")
+@click.argument("key", shell_complete=complete_signature)
 def show(key):
     """Everything about one signature (by id, slug or alias)."""
     db = load_db()
@@ -110,7 +110,7 @@ def _case(case) -> str:
 
 
 @signatures.command("test")
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, shell_complete=complete_signature)
 @click.option("-v", "--verbose", is_flag=True)
 def test(ids, verbose):
     """Run every signature's must-match / must-not-match examples."""
