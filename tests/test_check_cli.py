@@ -290,3 +290,23 @@ def test_a_misspelt_key_or_override_gets_did_you_mean(run_cli, tmp_path):
     assert code == 2 and "(did you mean model.cpu_offloading?)" in err
     code, out, err = run_cli("check", MARCH, "model.pipline_model_parallel_size=2")
     assert code == 2 and "(did you mean model.pipeline_model_parallel_size?)" in err
+
+
+def test_world_size_and_gpu_come_from_the_settings_file(run_cli, tmp_path, monkeypatch):
+    """Issue 13: [tool.diagnose] world-size / gpu were read by --fix and ignored by check; the
+    command line still wins, and the note says where each value came from."""
+    from pathlib import Path
+
+    march = str(Path(MARCH).resolve())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.diagnose]\nworld-size = 16\ngpu = "a100-40"\n')
+    code, doc, _ = jcheck(run_cli, march)
+    assert doc["memory"]["world_size"] == 16 and code == 1  # does not fit an A100-40 (MB-OFF-055)
+    assert "world size 16: from pyproject.toml (world-size)" in doc["notes"]
+    assert any(n.startswith("GPU a100-40: from pyproject.toml") for n in doc["notes"])
+    code, doc, _ = jcheck(run_cli, march, "--world-size", "32", "--gpu", "h100")
+    assert doc["memory"]["world_size"] == 32 and not any("pyproject" in n for n in doc["notes"])
+    (tmp_path / "pyproject.toml").write_text('[tool.diagnose]\nlaunch-cmd = "torchrun --nnodes=2 '
+                                              '--nproc_per_node=8 scripts/training/run_recipe.py --recipe x"\n')
+    code, doc, _ = jcheck(run_cli, march)
+    assert doc["memory"]["world_size"] == 16 and "world size 16: from the launch command in pyproject.toml" in doc["notes"]

@@ -227,6 +227,35 @@ def render_text(res: dict, versions_text: str, color: bool) -> str:
     return buf.getvalue()
 
 
+def _from_settings(world_size, gpu, gpu_memory):
+    """What the command line leaves out, from [tool.diagnose] (as --fix reads it): world-size (or
+    the launch command's --nproc_per_node x --nnodes), gpu, gpu-memory; with a note for each."""
+    from .. import settings as ST
+    from ..remedy.causes import world_from_command
+
+    try:
+        st = ST.find()
+    except ST.SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    notes = []
+    where = st.source.name if st.source else ""
+    if world_size is None:
+        world_size = st.get("world-size")
+        if world_size is not None:
+            notes.append(f"world size {world_size}: from {where} (world-size)")
+        else:
+            world_size = world_from_command(st.get("launch-cmd"))
+            if world_size is not None:
+                notes.append(f"world size {world_size}: from the launch command in {where}")
+    if gpu is None and gpu_memory is None:
+        gpu, gpu_memory = st.get("gpu"), st.get("gpu-memory")
+        if gpu and gpu_memory:
+            raise click.ClickException(f"{st.source}: give gpu or gpu-memory, not both")
+        if gpu or gpu_memory:
+            notes.append(f"GPU {gpu or f'{gpu_memory} GB'}: from {where}")
+    return world_size, gpu, gpu_memory, notes
+
+
 @click.command(epilog=exitcodes.HELP_CHECK)
 @click.argument("config")
 @click.argument("overrides", nargs=-1)
@@ -246,6 +275,7 @@ def check(config, overrides, fmt, gpu, gpu_memory, world_size, host_memory, gpus
     """Preflight CONFIG (a run_config.yaml, plain YAML, MLM args dump, or a model preset name) with key=value overrides."""
     if gpu and gpu_memory:
         raise click.ClickException("give --gpu or --gpu-memory, not both")
+    world_size, gpu, gpu_memory, from_settings = _from_settings(world_size, gpu, gpu_memory)
     db = load_db(sig_path)
     versions, vtext = _versions(mcore_version)
     try:
@@ -261,6 +291,7 @@ def check(config, overrides, fmt, gpu, gpu_memory, world_size, host_memory, gpus
         if isinstance(exc, MCoreUnavailable):
             raise click.ClickException(f"--mcore: {exc}") from None
         raise
+    res["notes"] = from_settings + list(res.get("notes") or [])
     if fmt == "json":
         click.echo(json.dumps(result_dict(res, vtext, fail_on), indent=2, default=str))
     else:
