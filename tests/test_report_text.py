@@ -84,3 +84,19 @@ def test_colour_follows_the_flag_and_the_environment(monkeypatch, reports, env, 
     report = next(r for r in reports.values() if r.root_cause is not None)
     out = get_formatter("text", width=100, color=option).render(report)
     assert ("\x1b[" in out) is want
+
+
+def test_the_readme_screenshots_are_current():
+    """docs/screens.py makes the README's screenshots (SVG from rich's export, and text): they
+    must be what the tool prints today, and the README's text block the 80-column one."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
+    r = subprocess.run([sys.executable, str(REPO / "docs" / "screens.py"), "--check"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    screen = (REPO / "docs" / "screens" / "first-screen-80.txt").read_text()
+    assert screen.strip() in (REPO / "README.md").read_text()
+    assert "(80&#160;columns)" in (REPO / "docs" / "screens" / "first-screen-80.svg").read_text()
