@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import sys
 
 import click
 
@@ -97,6 +96,3 @@ def main(argv=None):
         return exitcodes.INTERNAL
     return rv if isinstance(rv, int) else exitcodes.OK
 
-
-def entry():  # pragma: no cover
-    sys.exit(main())

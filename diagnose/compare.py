@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Optional
 
+from .config import memory as mm
 from .config.runconfig import RunConfig
 from .model import Report
 
@@ -229,14 +230,6 @@ def expected_penalty(fraction: float, overlap: bool = False) -> float:
     return factor(fraction, overlap)
 
 
-def _memory_model():
-    try:
-        from .config import memory  # written by another part of the tool; optional here
-    except ImportError:
-        return None
-    return memory if hasattr(memory, "estimate") else None
-
-
 def _world_size(cfg: Optional[RunConfig]) -> Optional[int]:
     if cfg is None:
         return None
@@ -277,12 +270,10 @@ def expected_drop(run_cfg: Optional[RunConfig], base_cfg: Optional[RunConfig], o
     if run_cfg is None:
         return None, "no config for the run (give --config, or a log that prints its config)"
     ws = world_size or _world_size(run_cfg)
-    mm = _memory_model()
-    model_reason = "the memory model (diagnose.config.memory) is not available"
-    if mm is not None and ws is None:
+    if ws is None:
         model_reason = ("the world size is unknown (give --world-size: the memory model's optimizer sharding "
                         "depends on it)")
-    elif mm is not None:
+    else:
         try:
             after = mm.estimate(run_cfg, world_size=ws)
             before = mm.estimate(baseline_config(run_cfg, base_cfg), world_size=ws)
@@ -291,7 +282,7 @@ def expected_drop(run_cfg: Optional[RunConfig], base_cfg: Optional[RunConfig], o
                 return drop, (f"memory model: {float(before.per_gpu_gb):.1f} GB -> {float(after.per_gpu_gb):.1f} GB "
                               "per GPU")
             model_reason = "the memory model gave no finite estimate"
-        except Exception as exc:  # the model refuses configs it cannot size; say so, do not guess
+        except mm.MemoryModelError as exc:  # the model refuses configs it cannot size; say so, do not guess
             model_reason = f"the memory model could not size this config ({type(exc).__name__}: {exc})"
     if off.activation:
         return None, f"{model_reason}, and no measured rule covers activation offloading"

@@ -28,7 +28,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when availabl
 _SIG_FIELDS = {
     "id", "slug", "title", "category", "severity", "role", "scope", "match", "cause", "confirm",
     "fixes", "references", "applies", "tests", "priority", "supersedes", "demoted_by", "refines", "metric",
-    "preflight", "docs", "version", "last_verified", "aliases", "tags",
+    "preflight", "version", "last_verified", "aliases", "tags",
 }
 _MATCH_FIELDS = {"anchors", "regex", "captures_when"}
 _EDIT_OPS = {"set", "scale", "add", "delete"}
@@ -508,7 +508,7 @@ def _build(raw: dict, fname: str) -> Signature:
         except regex.error as exc:
             raise DatabaseError(f"regex does not compile: {exc}") from None
         check_regex_safety(pattern)
-    for key in ("metric", "docs"):
+    for key in ("metric",):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise DatabaseError(f"{key!r} must be a string, got {raw[key]!r:.60}")
     if match.get("captures_when") is not None and not isinstance(match["captures_when"], str):
@@ -562,7 +562,7 @@ def _build(raw: dict, fname: str) -> Signature:
         supersedes=_names(raw, "supersedes"), demoted_by=_names(raw, "demoted_by"),
         refines=refines,
         metric=raw.get("metric"), when_captures=match.get("captures_when"),
-        preflight=bool(raw.get("preflight", False)), docs=raw.get("docs"),
+        preflight=bool(raw.get("preflight", False)),
         version=_version(raw.get("version", 1)), last_verified=str(raw.get("last_verified") or "") or None,
         aliases=_names(raw, "aliases"), tags=_names(raw, "tags"),
     )

@@ -81,7 +81,6 @@ class Signature:
     metric: Optional[str] = None  # predicate over metrics (scope metric)
     when_captures: Optional[str] = None  # predicate over the regex captures (scope refine)
     preflight: bool = False  # the confirm predicate is also a static preflight rule
-    docs: Optional[str] = None
     version: int = 1
     last_verified: Optional[str] = None
     aliases: tuple[str, ...] = ()

@@ -208,12 +208,6 @@ def merge_structure(dst: S.Structure, src: S.Structure):
         elif name == "year":  # the year of the first dated iteration line (not a counter)
             if a is None:
                 dst.year = b
-        elif name == "first_time":
-            if b is not None and (a is None or b < a):
-                dst.first_time = b
-        elif name == "last_time":
-            if b is not None and (a is None or b > a):
-                dst.last_time = b
         elif isinstance(a, list):
             cap = _CAPS.get(name)
             a.extend(b if cap is None else b[:max(0, cap - len(a))])
@@ -225,7 +219,7 @@ def merge_structure(dst: S.Structure, src: S.Structure):
             for k, v in b.items():
                 a.setdefault(k, v)
         elif b is not None:
-            setattr(dst, name, b)  # single values set by the last line seen (theoretical_mb)
+            setattr(dst, name, b)  # single values set by the last line seen
 
 
 def _merge_evidence(a: dict, b: dict):

@@ -74,10 +74,6 @@ class ScanResult:
     open_blocks: list = field(default_factory=list, repr=False, compare=False)
     file_ranks: dict = field(default_factory=dict, repr=False, compare=False)
 
-    @property
-    def readable(self) -> bool:
-        return bool(self.sources)
-
 
 class Scanner:
     def __init__(self, db: Database, engine: Optional[str] = None, versions: Optional[dict] = None,

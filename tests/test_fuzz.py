@@ -322,7 +322,7 @@ def _prop_line_parsers(line, raw):
     S.parse_memory("(after 1 iterations) memory (MB) | " + line)
     S.literal(line)
     st_ = S.Structure()
-    for key in ("@iteration", "@memory", "@exception", "@step_time", "@theoretical"):
+    for key in ("@iteration", "@memory", "@exception", "@step_time"):
         S.on_line(st_, key, line, "f", 1)
 
 

@@ -252,10 +252,6 @@ def static_overrides(sig: Signature, cfg, roots: dict) -> list[str]:
     return []
 
 
-def severity_at_least(f: Finding, level: str) -> bool:
-    return f.signature.role != "advice" and SEVERITY_RANK[f.signature.severity] >= SEVERITY_RANK[level]
-
-
 def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: Optional[int]) -> Optional[dict]:
     """A collective timeout that every rank but one reports: the one that did not is the rank
     the others waited for (the straggler), not any of the ranks whose watchdog fired.

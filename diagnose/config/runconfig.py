@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ..predicate import UNKNOWN, lookup
+from ..predicate import lookup
 
 _MISSING = object()
 
@@ -57,12 +57,6 @@ class RunConfig:
 
     def copy(self) -> "RunConfig":
         return RunConfig(copy.deepcopy(self.data), self.source)
-
-    def roots(self, **extra) -> dict:
-        """Mapping for predicate evaluation: config sections plus extra roots (metrics, captures)."""
-        roots = dict(self.data)
-        roots.update(extra)
-        return roots
 
     def __bool__(self):
         return bool(self.data)
@@ -169,9 +163,3 @@ def strip_targets(doc):
         return [strip_targets(v) for v in doc]
     return doc
 
-
-def value_or_unknown(cfg: Optional[RunConfig], dotted: str):
-    if cfg is None:
-        return UNKNOWN
-    v = cfg.get(dotted, _MISSING)
-    return UNKNOWN if v is _MISSING else v

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Optional
 
 from ..analyze.findings import Findings
 from ..db import Database, load
@@ -139,21 +139,3 @@ class Follower:
             self.closed = True
         return analyze(self.db, self.res, self.config)
 
-
-def follow(path, db=None, config=None, until: Optional[Callable[[], bool]] = None,
-           stop_on_fatal: bool = True, poll_s: float = POLL_S) -> Iterator[tuple[Follower, list[Finding]]]:
-    """Yield ``(follower, new findings)`` as the file grows, until a fatal root cause appears
-    (``stop_on_fatal``) or ``until()`` says so. The caller stops it by leaving the loop."""
-    fol = Follower(path, db, config)
-    while True:
-        found = fol.poll()
-        if found:
-            yield fol, found
-            if stop_on_fatal and fol.fatal() is not None:
-                return
-        if until is not None and until():
-            found = fol.poll()
-            if found:
-                yield fol, found
-            return
-        time.sleep(poll_s)

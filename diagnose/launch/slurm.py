@@ -173,10 +173,3 @@ class SlurmLauncher(Launcher):
     def describe(self, job: Job) -> str:
         return f"Slurm job {job.job_id}"
 
-
-def slurm_env_ok() -> Optional[str]:
-    """None when sbatch/squeue/scontrol are usable, else why not."""
-    for tool in ("sbatch", "squeue", "scontrol", "scancel"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found"
-    return None

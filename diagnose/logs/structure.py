@@ -51,7 +51,6 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     # fp16 dynamic loss scaling skipped a step (apex amp, fairseq, DeepSpeed, Megatron's scaler)
     "@overflow": ("Gradient overflow.", "overflow detected, setting loss scale to", "OVERFLOW! Rank",
                   "reducing loss scale to"),
-    "@theoretical": ("Theoretical memory footprints:",),
     # whether the run resumed from a checkpoint (Megatron-LM and Bridge print the same lines):
     # the planner must not change the layout under a checkpoint that cannot be resharded
     "@resume": ("successfully loaded checkpoint from", "will not load any checkpoints and will start from random",
@@ -189,10 +188,7 @@ class Structure:
     torchrun: list = field(default_factory=list)  # TorchrunFailure
     config_blocks: list = field(default_factory=list)  # (kind, file, line, dict)
     step_times: list = field(default_factory=list)
-    theoretical_mb: Optional[float] = None
-    first_time: Optional[float] = None
     year: Optional[int] = None  # from the first dated line: glog timestamps (E1130 ...) carry none
-    last_time: Optional[float] = None
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
     # (file, prefix key) -> the last line a traceback reader took: a frame line up to there is
@@ -750,10 +746,6 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         m = _STEP_TIME.search(text)
         if m and len(s.step_times) < MAX_SERIES:
             s.step_times.append(float(m.group(1)) * 1000.0)
-    elif key == "@theoretical":
-        m = re.search(r"weight and optimizer=([\d.]+) MB", text)
-        if m:
-            s.theoretical_mb = float(m.group(1))
 
 
 def add_timers(s: "Structure", values: dict) -> None:

@@ -176,10 +176,10 @@ class RegexEngine(Engine):
     PLAN_MIN = 1 << 20  # buffers smaller than this are swept literal by literal (planning costs more)
     SAMPLE = 8 << 10  # bytes per sample window
     WINDOWS = 4
-    # cost model (seconds, one core of the benchmark machine): the re pass per byte of buffer, and
-    # per byte of its character set met (it tries its alternatives there); a bytes.find sweep per
-    # byte of buffer for a needle of 2-3 bytes and of 4+ bytes; a candidate visited in Python
-    C_PASS, C_STOP = 1 / 400e6, 50e-9
+    # cost model (seconds, one core of the benchmark machine): the re pass per byte of its
+    # character set met (it tries its alternatives there); a bytes.find sweep per byte of buffer
+    # for a needle of 2-3 bytes and of 4+ bytes; a candidate visited in Python
+    C_STOP = 50e-9
     C_SHORT, C_FIND = 1 / 1.1e9, 1 / 1.7e9
     C_CAND = 1.0e-6
 
@@ -230,7 +230,7 @@ class RegexEngine(Engine):
         heapq.heapify(heap)
         picked: list = []
         while left and heap:
-            ratio, cand = heapq.heappop(heap)
+            _, cand = heapq.heappop(heap)
             got = serve[cand] & left
             if not got:
                 continue

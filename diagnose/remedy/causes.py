@@ -22,7 +22,8 @@ from ..config.runconfig import RunConfig, from_log_blocks
 from ..db import Database, applies_to
 from ..model import SEVERITY_RANK, Report, Signature
 from . import plan as PL
-from .plan import Context, NoFix, estimate, memory_model
+from ..config import memory as mm
+from .plan import Context, NoFix, estimate
 
 OOM_ID = "MB-OOM-001"
 
@@ -160,17 +161,12 @@ MEMORY_RULE_ID = "MB-OFF-055"  # the preflight rule "the memory estimate does no
 
 
 def _metrics(cfg: RunConfig, ctx: Context) -> dict:
-    mm = memory_model()
-    if mm is None:
-        return {}
     try:
-        c = mm.fill_from_preset(cfg)[0] if hasattr(mm, "fill_from_preset") else cfg
-        e = mm.estimate(c, world_size=ctx.world_size, gpu=ctx.gpu, gpu_memory_gb=ctx.gpu_memory_gb,
-                        gpus_per_node=ctx.gpus_per_node)
-    except Exception:
+        e = mm.estimate(mm.fill_from_preset(cfg)[0], world_size=ctx.world_size, gpu=ctx.gpu,
+                        gpu_memory_gb=ctx.gpu_memory_gb, gpus_per_node=ctx.gpus_per_node)
+    except mm.MemoryModelError:
         return {}
-    return e.metrics() if hasattr(e, "metrics") else {"peak_gb": e.peak_gb, "capacity_gb": e.capacity_gb,
-                                                        "host_gb": e.host_gb}
+    return e.metrics()
 
 
 def preflight_signatures(db: Database, cfg: RunConfig, ctx: Context, versions: Optional[dict] = None) -> list[Signature]:
@@ -202,8 +198,6 @@ def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Optional[
     """The OOM signature the config would die of when the memory model says it does not fit:
     the most specific refine of the CUDA OOM whose config predicate holds (the seed's cases),
     else the preflight memory rule, else the plain CUDA OOM."""
-    if memory_model() is None:
-        return None, "memory not checked: diagnose/config/memory.py is not available"
     try:
         e = estimate(cfg, ctx)
     except NoFix as exc:

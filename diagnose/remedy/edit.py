@@ -165,16 +165,6 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def current_value(snap: Snapshot, dotted: str, default: Any = None) -> Any:
-    _, doc = _yaml(snap.text)
-    if not isinstance(doc, dict):
-        return default
-    holder, last = _resolve(doc, dotted, create=False)
-    if holder is None or last not in holder:
-        return default
-    return _plain(holder[last])
-
-
 def render(snap: Snapshot, changes: Iterable[tuple[str, Any]]) -> str:
     """The file's text with ``changes`` applied (value ``DELETE`` removes the key)."""
     y, doc = _yaml(snap.text)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .. import predicate as P
+from ..config import memory as mm
 from ..config.runconfig import RunConfig
 from ..model import Edit, Fix, Signature
 from . import offload_curve
@@ -313,15 +314,6 @@ def _divisors(n: int) -> list[int]:
 
 
 # --- the memory model ------------------------------------------------------------------------
-def memory_model():
-    """diagnose.config.memory, or None when this installation lacks it."""
-    try:
-        from ..config import memory
-    except ImportError:
-        return None
-    return memory if hasattr(memory, "estimate") else None
-
-
 def estimate(cfg: RunConfig, ctx: Context, calibrate_on: Optional[RunConfig] = None) -> Estimate:
     """The memory model's estimate, calibrated against the OOM when the log showed one.
 
@@ -329,30 +321,23 @@ def estimate(cfg: RunConfig, ctx: Context, calibrate_on: Optional[RunConfig] = N
     of an OOM needing at least ``ctx.observed_need_gb``, every estimate is scaled by
     need / predicted: the model is trusted for ratios, the log for the level.
     """
-    mm = memory_model()
-    if mm is None:
-        raise NoFix("the memory model (diagnose/config/memory.py) is not available in this installation")
-    if hasattr(mm, "fill_from_preset"):
-        cfg = mm.fill_from_preset(cfg)[0]
-        if calibrate_on is not None:
-            calibrate_on = mm.fill_from_preset(calibrate_on)[0]
+    cfg = mm.fill_from_preset(cfg)[0]
+    if calibrate_on is not None:
+        calibrate_on = mm.fill_from_preset(calibrate_on)[0]
     try:
         e = mm.estimate(cfg, world_size=ctx.world_size, gpu=ctx.gpu, gpu_memory_gb=ctx.gpu_memory_gb,
                         gpus_per_node=ctx.gpus_per_node)
-    except NoFix:
-        raise
-    except Exception as exc:  # the model refuses configs it cannot size (missing dims ...)
+    except mm.MemoryModelError as exc:  # a config it cannot size (missing dims, a layout that does not divide)
         raise NoFix(f"the memory model cannot size this config: {exc}") from None
-    margin = float(getattr(e, "margin_gb", 0.0) or 0.0)
-    out = Estimate(float(e.per_gpu_gb), float(e.peak_gb), float(e.capacity_gb), bool(e.fits),
-                   float(getattr(e, "host_gb", 0.0) or 0.0), margin, notes=list(getattr(e, "notes", []) or []),
-                   pinned_gb=float(getattr(e, "pinned_gb", 0.0) or 0.0))
+    margin = float(e.margin_gb)
+    out = Estimate(float(e.per_gpu_gb), float(e.peak_gb), float(e.capacity_gb), bool(e.fits), float(e.host_gb),
+                   margin, notes=list(e.notes), pinned_gb=float(e.pinned_gb))
     need = ctx.observed_need_gb
     if need and calibrate_on is not None:
         try:
             base = mm.estimate(calibrate_on, world_size=ctx.world_size, gpu=ctx.gpu,
                                gpu_memory_gb=ctx.gpu_memory_gb, gpus_per_node=ctx.gpus_per_node)
-        except Exception:
+        except mm.MemoryModelError:
             base = None
         if base is not None and float(base.peak_gb) > 0 and float(base.peak_gb) < need:
             k = need / float(base.peak_gb)
@@ -664,7 +649,6 @@ def _companions(cfg: RunConfig, key: str, value: int) -> list:
 
 
 def _try_parallel(cfg, ctx, base, key: str, cands: list[int], cur: int, what: str):
-    mm = memory_model()
     world = _world(ctx)
     why = []
     for c in _nearest(cands, cur):
@@ -674,17 +658,14 @@ def _try_parallel(cfg, ctx, base, key: str, cands: list[int], cur: int, what: st
         if bad:
             why.append(f"{what}{c}: {bad}")
             continue
-        if mm is not None:
-            try:
-                e = _est(after, ctx)
-            except NoFix:
-                e = None
-            if e is not None and not e.fits_with_margin:
-                why.append(f"{what}{c}: {gb(e.peak_gb)}")
-                continue
-            mem = f" ({gb(e.peak_gb)} of {gb(e.capacity_gb)})" if e else ""
-        else:
-            mem = " (memory not checked: no memory model)"
+        try:
+            e = _est(after, ctx)
+        except NoFix:
+            e = None
+        if e is not None and not e.fits_with_margin:
+            why.append(f"{what}{c}: {gb(e.peak_gb)}")
+            continue
+        mem = f" ({gb(e.peak_gb)} of {gb(e.capacity_gb)})" if e else ""
         return ch, f"nearest {what} to {cur} that divides the layout: {what}{c}{mem}"
     raise NoFix(f"no {what} divides the layout and fits" + (f" ({'; '.join(_uniq(why)[:3])})" if why else ""))
 
@@ -765,9 +746,6 @@ def _effect(cfg: RunConfig, changes: list, ctx: Context, text: Optional[str]) ->
     if after_cfg.get("optimizer.optimizer_cpu_offload") is True:
         eff.slowdown = slowdown(float(_get(after_cfg, "optimizer.optimizer_offload_fraction", 0.0)),
                                 bool(after_cfg.get("optimizer.overlap_cpu_optimizer_d2h_h2d")))
-    if memory_model() is None:
-        eff.notes.append("memory not estimated: diagnose/config/memory.py is not available")
-        return eff
     try:
         eff.before = _est(cfg, ctx)
         eff.after = _est(after_cfg, ctx)
