@@ -19,11 +19,9 @@ strings in the facts file.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 from pathlib import Path
-from typing import Optional
 
 GPUS_PER_NODE = 8
 OPS = ["ALLREDUCE", "_ALLGATHER_BASE", "_REDUCE_SCATTER_BASE", "BROADCAST", "SEND", "RECV"]
@@ -401,7 +399,7 @@ CHATTER = [
 
 def generate(out: Path, size: int, ranks: int = 512, seed: int = 0, prefix: str = "srun", fmt: str = "bridge",
              failure_kind: str = "oom", per_rank: int = 0, nccl_share: float = 0.6, chatter: int = 6,
-             timers: Optional[bool] = None) -> int:
+             timers: bool | None = None) -> int:
     """Write the log (or ``per_rank`` files); returns the number of bytes written.
 
     Each step of the loop is one *logged* iteration (Bridge's default ``log_interval`` is 10):

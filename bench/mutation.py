@@ -13,8 +13,8 @@ Not a test: it takes minutes per module on two cores.
 from __future__ import annotations
 
 import argparse
-import re
 import os
+import re
 import subprocess
 import sys
 from collections import Counter, defaultdict

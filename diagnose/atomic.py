@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 
 def _unlink(path: str):
@@ -21,8 +20,8 @@ def _unlink(path: str):
         pass
 
 
-def durable_temp(path: Path, text, suffix: str = ".tmp", mode: Optional[int] = None,
-                 owner: Optional[tuple] = None) -> str:
+def durable_temp(path: Path, text, suffix: str = ".tmp", mode: int | None = None,
+                 owner: tuple | None = None) -> str:
     """``text`` (str as UTF-8, or bytes) in a new temporary file beside ``path``, fsynced, with
     ``mode`` and (where this process may) ``owner`` = (uid, gid): its name. Nothing is left
     behind if this fails. The file is created 0600, so it is never readable by others before
@@ -46,7 +45,7 @@ def durable_temp(path: Path, text, suffix: str = ".tmp", mode: Optional[int] = N
     return tmp
 
 
-def replace(path: Path, text, mode: Optional[int] = None, owner: Optional[tuple] = None):
+def replace(path: Path, text, mode: int | None = None, owner: tuple | None = None):
     """Replace ``path`` by ``text`` atomically and durably (with ``mode`` and ``owner``)."""
     tmp = durable_temp(path, text, mode=mode, owner=owner)
     try:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
 
 from . import atomic
 from .model import SEVERITY_RANK, Finding
@@ -118,7 +118,7 @@ class Gate:
         return not self.failing
 
 
-def gate(findings: Iterable[Finding], fail_on: str = "error", baseline: Optional[Baseline] = None) -> Gate:
+def gate(findings: Iterable[Finding], fail_on: str = "error", baseline: Baseline | None = None) -> Gate:
     g = Gate([], [], [])
     for f in findings:
         if not at_or_above(f, fail_on):

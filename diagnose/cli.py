@@ -6,11 +6,9 @@
 """
 from __future__ import annotations
 
-
 import click
 
-from . import __version__, exitcodes
-from . import commands
+from . import __version__, commands, exitcodes
 
 
 def _looks_like_command(word: str) -> bool:
@@ -34,7 +32,7 @@ class DefaultGroup(click.Group):
             near = difflib.get_close_matches(args[0], list(commands.REGISTRY), n=1, cutoff=0.7)
             raise click.UsageError(f"{args[0]!r} is neither a file nor a command; did you mean "
                                    f"'diagnose {near[0]}'?", ctx)
-        if not args or args[0] not in commands.REGISTRY and args[0] not in ("--help", "-h", "--version", "-V"):
+        if not args or (args[0] not in commands.REGISTRY and args[0] not in ("--help", "-h", "--version", "-V")):
             args = [self.default_command, *args]
             ctx.meta["diagnose.implied_scan"] = True  # shell completion offers the subcommands here
         return super().parse_args(ctx, args)
@@ -85,7 +83,7 @@ def main(argv=None):
         return 128 + int(getattr(exc, "signum", 2))
     except BrokenPipeError:
         return exitcodes.OK
-    except Exception as exc:  # a bug: one line for the user, the traceback only on request
+    except Exception as exc:  # noqa: BLE001 - a bug: one line for the user, the traceback only on request
         import os
         import traceback
 

@@ -20,11 +20,12 @@ A criterion that cannot be checked says so and why ("not checked"); it never gue
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any, Optional
+from typing import Any
 
 from .config import memory as mm
 from .config.runconfig import RunConfig
@@ -71,15 +72,15 @@ class Side:
     label: str
     paths: list
     report: Report
-    loss_key: Optional[str] = None
+    loss_key: str | None = None
     points: dict = field(default_factory=dict)  # iteration -> (loss or None, elapsed ms or None)
-    train_iters: Optional[int] = None
-    last_iteration: Optional[int] = None
-    log_interval: Optional[int] = None
-    iter_ms: Optional[float] = None  # steady-state median (first logged iteration left out)
-    peak_gb: Optional[float] = None
+    train_iters: int | None = None
+    last_iteration: int | None = None
+    log_interval: int | None = None
+    iter_ms: float | None = None  # steady-state median (first logged iteration left out)
+    peak_gb: float | None = None
     peak_where: str = ""
-    config: Optional[RunConfig] = None
+    config: RunConfig | None = None
 
     def as_dict(self) -> dict:
         rc = self.report.root_cause
@@ -97,14 +98,14 @@ class Side:
 
 @dataclass
 class Offload:
-    optimizer: Optional[bool] = None
-    fraction: Optional[float] = None  # as configured
+    optimizer: bool | None = None
+    fraction: float | None = None  # as configured
     overlap: bool = False
-    activation: Optional[bool] = None
+    activation: bool | None = None
     source: str = ""
 
     @property
-    def effective(self) -> Optional[float]:
+    def effective(self) -> float | None:
         """The share of optimizer state actually offloaded (HDO: >1 is everything, <=0 nothing)."""
         if self.optimizer is None:
             return None
@@ -157,7 +158,7 @@ def _finite(v):
     return v
 
 
-def _num(s) -> Optional[float]:
+def _num(s) -> float | None:
     if s is None:
         return None
     try:
@@ -184,7 +185,7 @@ def side_from_report(label: str, paths: list, report: Report) -> Side:
         side.train_iters = max(p.train_iters for p in pts)
         side.last_iteration = max(side.points)
         its = sorted(side.points)
-        steps = Counter(b - a for a, b in zip(its, its[1:]) if b > a)
+        steps = Counter(b - a for a, b in itertools.pairwise(its) if b > a)
         side.log_interval = steps.most_common(1)[0][0] if steps else None
         times = [side.points[i][1] for i in its[1:] if side.points[i][1] is not None
                  and math.isfinite(side.points[i][1])]
@@ -205,7 +206,7 @@ def side_from_report(label: str, paths: list, report: Report) -> Side:
     return side
 
 
-def offload_of(cfg: Optional[RunConfig]) -> Offload:
+def offload_of(cfg: RunConfig | None) -> Offload:
     if cfg is None:
         return Offload()
     o = Offload(source=cfg.source or "")
@@ -230,7 +231,7 @@ def expected_penalty(fraction: float, overlap: bool = False) -> float:
     return factor(fraction, overlap)
 
 
-def _world_size(cfg: Optional[RunConfig]) -> Optional[int]:
+def _world_size(cfg: RunConfig | None) -> int | None:
     if cfg is None:
         return None
     for key in ("mlm.world_size", "dist.world_size", "world_size"):
@@ -240,7 +241,7 @@ def _world_size(cfg: Optional[RunConfig]) -> Optional[int]:
     return None
 
 
-def baseline_config(run_cfg: RunConfig, base_cfg: Optional[RunConfig]) -> RunConfig:
+def baseline_config(run_cfg: RunConfig, base_cfg: RunConfig | None) -> RunConfig:
     """The baseline's config: what its log printed, else the run's with every offload turned off."""
     if base_cfg is not None and base_cfg.get("model.num_layers") is not None:
         return base_cfg
@@ -252,7 +253,7 @@ def baseline_config(run_cfg: RunConfig, base_cfg: Optional[RunConfig]) -> RunCon
     return c
 
 
-def matches_reference(cfg: RunConfig, world_size: Optional[int]) -> tuple[bool, str]:
+def matches_reference(cfg: RunConfig, world_size: int | None) -> tuple[bool, str]:
     diffs = [f"{k}={cfg.get(k)!r} (reference {v})" for k, v in REFERENCE.items() if cfg.get(k) != v]
     if world_size is None:
         diffs.append(f"world size unknown (reference {REFERENCE_WORLD}; give --world-size)")
@@ -261,8 +262,8 @@ def matches_reference(cfg: RunConfig, world_size: Optional[int]) -> tuple[bool, 
     return (not diffs, "; ".join(diffs[:4]))
 
 
-def expected_drop(run_cfg: Optional[RunConfig], base_cfg: Optional[RunConfig], off: Offload,
-                  world_size: Optional[int] = None) -> tuple:
+def expected_drop(run_cfg: RunConfig | None, base_cfg: RunConfig | None, off: Offload,
+                  world_size: int | None = None) -> tuple:
     """(expected drop in GB or None, where it comes from / why it is unknown).
 
     The drop depends on how the optimizer states are sharded, i.e. on the world size: it comes from
@@ -335,9 +336,15 @@ def check_completed(run: Side) -> Criterion:
         evidence.append(_where(rc.hit))
     measured = f"{run.last_iteration}/{run.train_iters}" if run.last_iteration is not None else None
     if problems:
-        return Criterion("completed", "Completed without OOM / NCCL error", FAIL, "; ".join(problems),
-                         measured=measured, expected=f"{run.train_iters}/{run.train_iters}" if run.train_iters else None,
-                         evidence=evidence)
+        return Criterion(
+            "completed",
+            "Completed without OOM / NCCL error",
+            FAIL,
+            "; ".join(problems),
+            measured=measured,
+            expected=f"{run.train_iters}/{run.train_iters}" if run.train_iters else None,
+            evidence=evidence,
+        )
     return Criterion("completed", "Completed without OOM / NCCL error", PASS,
                      f"reached iteration {run.last_iteration} of {run.train_iters}; no OOM or NCCL error",
                      measured=measured, expected=measured)
@@ -368,10 +375,15 @@ def check_loss(base: Side, run: Side, max_delta: float) -> Criterion:
         if d > worst or worst_it is None:
             worst, worst_it = d, it
     if bad:
-        return Criterion("loss", title, FAIL,
-                         f"'{key}' is missing or not finite in the run at iteration(s) "
-                         f"{', '.join(map(str, bad[:8]))}{'...' if len(bad) > 8 else ''} (NaN/Inf; Megatron drops a NaN loss)",
-                         measured=float("nan"), expected=max_delta)
+        return Criterion(
+            "loss",
+            title,
+            FAIL,
+            f"'{key}' is missing or not finite in the run at iteration(s) "
+            f"{', '.join(map(str, bad[:8]))}{'...' if len(bad) > 8 else ''} (NaN/Inf; Megatron drops a NaN loss)",
+            measured=float("nan"),
+            expected=max_delta,
+        )
     if worst_it is None:
         return Criterion("loss", title, NOT_CHECKED, f"no finite '{key}' at the common iterations")
     detail = (f"max |delta| {worst:.3g} at iteration {worst_it} over {len(common)} common iterations "
@@ -380,7 +392,7 @@ def check_loss(base: Side, run: Side, max_delta: float) -> Criterion:
 
 
 def check_memory(base: Side, run: Side, off: Offload, run_cfg, base_cfg, tolerance: float,
-                 world_size: Optional[int] = None) -> Criterion:
+                 world_size: int | None = None) -> Criterion:
     title = "Memory dropped with the offload fraction"
     if base.peak_gb is None or run.peak_gb is None:
         which = "baseline" if base.peak_gb is None else "run"
@@ -394,9 +406,15 @@ def check_memory(base: Side, run: Side, off: Offload, run_cfg, base_cfg, toleran
                          f"{head}; the offload settings are unknown (give --config, or a log that prints its config)",
                          measured=measured, evidence=ev)
     if not off.activation and (off.effective or 0.0) == 0.0:
-        return Criterion("memory", title, NOT_CHECKED,
-                         f"{head}; the run offloads no optimizer state (optimizer_cpu_offload={off.optimizer}, "
-                         f"optimizer_offload_fraction={off.fraction}): no drop to expect", measured=measured, evidence=ev)
+        return Criterion(
+            "memory",
+            title,
+            NOT_CHECKED,
+            f"{head}; the run offloads no optimizer state (optimizer_cpu_offload={off.optimizer}, "
+            f"optimizer_offload_fraction={off.fraction}): no drop to expect",
+            measured=measured,
+            evidence=ev,
+        )
     exp, why = expected_drop(run_cfg, base_cfg, off, world_size)
     if exp is None:
         return Criterion("memory", title, NOT_CHECKED, f"{head}; expected drop unknown: {why}",
@@ -404,7 +422,7 @@ def check_memory(base: Side, run: Side, off: Offload, run_cfg, base_cfg, toleran
     need = exp * (1.0 - tolerance)
     ok = measured >= need
     detail = (f"{head}; expected {exp:.2f} GB ({why}); at least {need:.2f} GB needed "
-              f"({int(round(tolerance * 100))} % tolerance)")
+              f"({round(tolerance * 100)} % tolerance)")
     return Criterion("memory", title, PASS if ok else FAIL, detail, measured=measured, expected=exp, evidence=ev)
 
 
@@ -425,14 +443,14 @@ def check_speed(base: Side, run: Side, off: Offload, tolerance: float) -> Criter
                          measured=factor)
     exp = expected_penalty(f, off.overlap)
     limit = exp * (1.0 + tolerance)
-    where = (f"{int(round(f * 100))} % optimizer offload" + (" with overlap_cpu_optimizer_d2h_h2d" if off.overlap else "")
+    where = (f"{round(f * 100)} % optimizer offload" + (" with overlap_cpu_optimizer_d2h_h2d" if off.overlap else "")
              if f > 0 else "no optimizer offload")
     detail = (f"{head}; expected {exp:.2f}x for {where} (measured curve, {REFERENCE_NAME} on H100), "
-              f"limit {limit:.2f}x ({int(round(tolerance * 100))} % tolerance)")
+              f"limit {limit:.2f}x ({round(tolerance * 100)} % tolerance)")
     return Criterion("speed", title, PASS if factor <= limit else FAIL, detail, measured=factor, expected=exp)
 
 
-def slowdown_against(base: Side, run: Side, base_label: str) -> Optional[dict]:
+def slowdown_against(base: Side, run: Side, base_label: str) -> dict | None:
     """The run against a good run of the same job: the slowdown of the steady-state medians,
     the iteration from which the run stays slower, and which timed components grew. Returns the
     metrics (``slowdown``, ``slowdown_since``) and the evidence (file, line, text), or None."""
@@ -475,9 +493,9 @@ def slowdown_against(base: Side, run: Side, base_label: str) -> Optional[dict]:
 
 # --------------------------------------------------------------------------- entry point
 
-def compare(baseline_path: str, run_path: str, db=None, config: Optional[RunConfig] = None,
+def compare(baseline_path: str, run_path: str, db=None, config: RunConfig | None = None,
             max_loss_delta: float = 0.001, time_tolerance: float = 0.25, memory_tolerance: float = 0.25,
-            versions: Optional[dict] = None, world_size: Optional[int] = None) -> Comparison:
+            versions: dict | None = None, world_size: int | None = None) -> Comparison:
     from .db import load
     from .diagnosis import diagnose_paths
 

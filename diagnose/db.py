@@ -11,10 +11,10 @@ refuses, with a message naming the file and the id:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Optional
 
 import regex
 import yaml
@@ -51,7 +51,7 @@ class Database:
             for alias in s.aliases:
                 self.by_id.setdefault(alias, s)
 
-    def get(self, key: str) -> Optional[Signature]:
+    def get(self, key: str) -> Signature | None:
         if key in self.by_id:
             return self.by_id[key]
         for s in self.signatures:
@@ -83,7 +83,7 @@ def default_path() -> Path:
     return Path(__file__).resolve().parent / "_db"
 
 
-def load(path: Optional[str] = None) -> Database:
+def load(path: str | None = None) -> Database:
     """The database in ``path`` (default: default_path()), loaded once per folder."""
     return _load(str(Path(path) if path else default_path()))
 
@@ -143,7 +143,7 @@ def _priority(v) -> int:
 
 def _load_file(path: Path) -> Iterable[Signature]:
     try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - a safe loader
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except yaml.YAMLError as exc:  # its message spans lines (the mark, a caret): one line here
         raise DatabaseError(f"{path.name}: invalid YAML: {' '.join(str(exc).split())}") from None
     except UnicodeDecodeError:
@@ -255,7 +255,7 @@ def _alternatives(body: str) -> list:
 def _nullable(alt: list) -> bool:
     """Can this sequence of atoms match the empty string?"""
     for atom, q in alt:
-        if q in ("?", "*") or q.startswith("{0") or q.startswith("{,"):
+        if q in ("?", "*") or q.startswith(("{0", "{,")):
             continue
         if atom in ("^", "$") or atom.startswith(("\\b", "\\B", "\\A", "\\Z", "(?=", "(?!", "(?<")):
             continue  # zero-width
@@ -422,9 +422,8 @@ def check_regex_safety(pattern: str) -> None:
                                         f"{pattern[max(0, start - 10):i + 2]!r}")
             if depth_unbounded and (inner or quant_unbounded):
                 depth_unbounded[-1] = True
-        elif c in "*+" or (c == "{" and regex.match(r"\{\d*,\}", pattern[i:])):
-            if depth_unbounded:
-                depth_unbounded[-1] = True
+        elif (c in "*+" or (c == "{" and regex.match(r"\{\d*,\}", pattern[i:]))) and depth_unbounded:
+            depth_unbounded[-1] = True
         if not escaped and not in_class and c != ")" and bounds and pattern[i + 1:i + 2] in ("{", "*", "+"):
             bounds[-1] = max(bounds[-1], _repeat_bound(pattern, i + 1))  # an atom's own variable repeat
         i += 1

@@ -1,11 +1,10 @@
 """The scan pipeline, left to right: read -> structure + match -> findings -> root cause -> Report."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
-from .analyze import expected
+from .analyze import expected, symptoms
 from .analyze import root_cause as RC
-from .analyze import symptoms
 from .config.runconfig import RunConfig, from_log_blocks
 from .db import Database, load
 from .model import Report
@@ -14,7 +13,7 @@ from .scan import Scanner, ScanResult
 _SCANNERS: dict = {}
 
 
-def scanner_for(db: Database, engine: Optional[str] = None, versions: Optional[dict] = None,
+def scanner_for(db: Database, engine: str | None = None, versions: dict | None = None,
                 sample: bool = True) -> Scanner:
     key = (id(db), engine, tuple(sorted((versions or {}).items())), sample)
     sc = _SCANNERS.get(key)
@@ -23,9 +22,9 @@ def scanner_for(db: Database, engine: Optional[str] = None, versions: Optional[d
     return sc
 
 
-def analyze(db: Database, res: ScanResult, config: Optional[RunConfig] = None,
-            baseline_ms: Optional[float] = None, inputs: Optional[list] = None,
-            baseline_run: Optional[Report] = None) -> Report:
+def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
+            baseline_ms: float | None = None, inputs: list | None = None,
+            baseline_run: Report | None = None) -> Report:
     """Findings + structure (+ a config) -> Report with the one root cause. ``baseline_run``: a
     good run of the same job, diagnosed: slowdowns are measured against it."""
     logged = from_log_blocks(res.structure.config_blocks)
@@ -90,7 +89,7 @@ def _short(v) -> str:
     return t if len(t) <= 40 else t[:37] + "..."
 
 
-def _world(cfg: RunConfig, res: ScanResult) -> Optional[int]:
+def _world(cfg: RunConfig, res: ScanResult) -> int | None:
     """The world size: the config's (MLM prints it), else the ranks the log shows, rounded up to
     what the config's parallel layout allows."""
     for key in ("world_size", "mlm.world_size"):
@@ -116,21 +115,21 @@ def _ranks_seen(res: ScanResult) -> set:
     return seen
 
 
-def _config_where(res: ScanResult, given: Optional[RunConfig]) -> tuple:
+def _config_where(res: ScanResult, given: RunConfig | None) -> tuple:
     if given is not None and given.source:
         return (given.source, 1)
     blocks = res.structure.config_blocks
     if blocks:
-        kind, file, line, _ = blocks[-1]
+        _kind, file, line, _ = blocks[-1]
         return (file, line)
     return ("", 0)
 
 
-def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: Optional[RunConfig] = None,
-                   engine: Optional[str] = None, versions: Optional[dict] = None,
-                   baseline_ms: Optional[float] = None,
-                   progress: Optional[Callable[[int], None]] = None, jobs: Optional[int] = None,
-                   sample: bool = True, baseline_run: Optional[Report] = None) -> Report:
+def diagnose_paths(paths: Iterable[str], db: Database | None = None, config: RunConfig | None = None,
+                   engine: str | None = None, versions: dict | None = None,
+                   baseline_ms: float | None = None,
+                   progress: Callable[[int], None] | None = None, jobs: int | None = None,
+                   sample: bool = True, baseline_run: Report | None = None) -> Report:
     """Scan ``paths`` and analyze. ``jobs``: processes for many files (None: all cores when several
     large files are given, 1: serial); the result is the serial scan's either way. ``sample=False``
     reads every iteration, memory and step-time line (``compare`` wants every point)."""
@@ -141,8 +140,8 @@ def diagnose_paths(paths: Iterable[str], db: Optional[Database] = None, config: 
     return analyze(db, res, config, baseline_ms, baseline_run=baseline_run)
 
 
-def scan_text(text: str, db: Optional[Database] = None, name: str = "<text>",
-              versions: Optional[dict] = None) -> ScanResult:
+def scan_text(text: str, db: Database | None = None, name: str = "<text>",
+              versions: dict | None = None) -> ScanResult:
     """Scan a log held in memory (one chunk) into a ScanResult."""
     from .analyze.findings import Findings
     from .logs import structure as S
@@ -158,9 +157,9 @@ def scan_text(text: str, db: Optional[Database] = None, name: str = "<text>",
     return res
 
 
-def diagnose_text(text: str, db: Optional[Database] = None, config: Optional[RunConfig] = None,
-                  name: str = "<text>", versions: Optional[dict] = None,
-                  baseline_ms: Optional[float] = None) -> Report:
+def diagnose_text(text: str, db: Database | None = None, config: RunConfig | None = None,
+                  name: str = "<text>", versions: dict | None = None,
+                  baseline_ms: float | None = None) -> Report:
     """Diagnose a log held in memory (signature tests, follow mode)."""
     db = db or load()
     return analyze(db, scan_text(text, db, name, versions), config, baseline_ms)
@@ -175,7 +174,8 @@ def _computed_overrides(report: Report, root) -> None:
     sig = root.finding.signature
     if not any(fx.compute for fx in sig.fixes):
         return
-    from .remedy import causes, plan as PL
+    from .remedy import causes
+    from .remedy import plan as PL
 
     try:
         ctx = causes.context_from_report(report)

@@ -7,7 +7,7 @@ A log line flows through them left to right:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 # Root-cause categories (product.md, JSON ``root_cause.category``).
 CATEGORIES = (
@@ -40,8 +40,8 @@ class Edit:
     key: str
     op: str = "set"
     value: Any = None
-    max: Optional[float] = None
-    min: Optional[float] = None
+    max: float | None = None
+    min: float | None = None
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,9 @@ class Fix:
     text: str
     safety: str = "safe"
     edits: tuple[Edit, ...] = ()
-    compute: Optional[str] = None  # name of a computed fix (remedy/plan.py) or None
-    when: Optional[str] = None  # config predicate: the fix applies only when it holds
-    effect: Optional[str] = None
+    compute: str | None = None  # name of a computed fix (remedy/plan.py) or None
+    when: str | None = None  # config predicate: the fix applies only when it holds
+    effect: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,10 @@ class Signature:
     role: str
     scope: str
     anchors: tuple[str, ...]
-    regex: Optional[str]
+    regex: str | None
     cause: str
     confirm_text: str
-    confirm_when: Optional[str]  # config predicate (diagnose/predicate.py), or None
+    confirm_when: str | None  # config predicate (diagnose/predicate.py), or None
     fixes: tuple[Fix, ...]
     references: tuple[dict, ...]
     applies: dict  # {"megatron-core": ">=0.17"} PEP 440 specifiers per framework
@@ -78,11 +78,11 @@ class Signature:
     supersedes: tuple[str, ...] = ()
     demoted_by: tuple[str, ...] = ()  # with any of these present, this root is only a cascade
     refines: tuple[str, ...] = ()  # ids or "category:<cat>" this signature sharpens
-    metric: Optional[str] = None  # predicate over metrics (scope metric)
-    when_captures: Optional[str] = None  # predicate over the regex captures (scope refine)
+    metric: str | None = None  # predicate over metrics (scope metric)
+    when_captures: str | None = None  # predicate over the regex captures (scope refine)
     preflight: bool = False  # the confirm predicate is also a static preflight rule
     version: int = 1
-    last_verified: Optional[str] = None
+    last_verified: str | None = None
     aliases: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
 
@@ -95,8 +95,8 @@ class Hit:
     file: str
     line: int  # 1-based line number in ``file``
     text: str  # the line, decoded, without rank prefix noise trimmed
-    rank: Optional[int] = None
-    time: Optional[float] = None  # seconds since epoch, where the line carries a timestamp
+    rank: int | None = None
+    time: float | None = None  # seconds since epoch, where the line carries a timestamp
     captures: dict = field(default_factory=dict)
     order: int = 0  # global order of discovery (file order, then line)
 
@@ -124,10 +124,10 @@ class RootCause:
     because: list = field(default_factory=list)  # human reasons (config facts that confirm)
     set_aside: list = field(default_factory=list)  # findings explained as consequences
     overrides: list = field(default_factory=list)  # "key=value" strings
-    rank_source: Optional[str] = None  # where the rank came from (line / torchrun block)
-    refines: Optional[Finding] = None  # the line finding a refine signature sharpened
+    rank_source: str | None = None  # where the rank came from (line / torchrun block)
+    refines: Finding | None = None  # the line finding a refine signature sharpened
     basis: str = "signature"  # the evidence layer that decided (analyze/layers.py BASES)
-    straggler: Optional[dict] = None  # collective timeouts: the rank that did not report, and who did
+    straggler: dict | None = None  # collective timeouts: the rank that did not report, and who did
 
 
 @dataclass
@@ -135,10 +135,10 @@ class Report:
     """Everything a formatter needs."""
 
     inputs: list
-    root_cause: Optional[RootCause]
+    root_cause: RootCause | None
     findings: list
     config: Any  # RunConfig or None
-    config_source: Optional[str]
+    config_source: str | None
     structure: Any  # analyze.structure summary (iterations, memory, torchrun)
     notes: list = field(default_factory=list)  # messages about unreadable input etc.
     bytes_read: int = 0

@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import multiprocessing as mp
 import os
 import time
 from collections import Counter
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 from .analyze.findings import MAX_LINES, MAX_SAMPLES, Findings, _earlier
 from .logs import read as R
 from .logs import structure as S
 from .logs.lines import clean
 from .scan import Scanner, ScanResult
+
 
 class Task(NamedTuple):
     """A whole file (``start`` 0, ``end`` None) or a piece of one, as a worker scans it."""
@@ -40,9 +43,9 @@ class Task(NamedTuple):
     idx: int  # the file's index among the inputs
     src: R.Source
     start: int
-    end: Optional[int]
+    end: int | None
     first_line: int = 1
-    year: Optional[int] = None  # the glog year a serial scan knows on reaching the piece
+    year: int | None = None  # the glog year a serial scan knows on reaching the piece
 
 
 AUTO_MIN_BYTES = 16 << 20  # below this, starting processes costs more than it saves (auto mode)
@@ -58,7 +61,7 @@ def cpu_count() -> int:
 
 # ----------------------------------------------------------------------------- worker side
 
-_SCANNER: Optional[Scanner] = None
+_SCANNER: Scanner | None = None
 _COUNTER = None
 
 
@@ -100,7 +103,7 @@ def _first_year(path, start: int, end: int, tries: int = 1000):
                 break
             cut = data.rfind(b"\n") + 1 or len(data)
             i = data.find(anchor, 0, cut)
-            while 0 <= i and tries > 0:
+            while i >= 0 and tries > 0:
                 tries -= 1
                 a, b = data.rfind(b"\n", 0, i) + 1, data.find(b"\n", i)
                 year = S.iteration_year(S.parse_iteration(clean(data[a:b if b >= 0 else len(data)]), "", 0))
@@ -168,8 +171,9 @@ def merge_structure(dst: S.Structure, src: S.Structure):
         elif name == "torchrun":
             for c in b:  # TorchrunBlock._close: bounded, without duplicates
                 if len(a) < S.MAX_RECORDS and not any(
-                        (t.section, t.rank, t.exitcode, t.time, t.file) == (c.section, c.rank, c.exitcode, c.time, c.file)
-                        for t in a):
+                    (t.section, t.rank, t.exitcode, t.time, t.file) == (c.section, c.rank, c.exitcode, c.time, c.file)
+                    for t in a
+                ):
                     a.append(c)
         elif name == "timers":
             a.update(b)
@@ -257,7 +261,7 @@ def _size(src) -> int:
         return 0
 
 
-def plan_jobs(sources: list, jobs: Optional[int]) -> int:
+def plan_jobs(sources: list, jobs: int | None) -> int:
     """How many processes: ``jobs`` when given; else all cores for several large-enough files
     or one file large enough to be cut in pieces."""
     files = [s for s in sources if s.path is not None]
@@ -284,13 +288,13 @@ def plan_tasks(sources: list, n: int) -> list:
         size = R.splittable(src.path) if n > 1 and src.path is not None else None
         cuts = R.split_points(src.path, min(n, size // (SPLIT_MIN // 2))) if size and size >= SPLIT_MIN else []
         bounds = [0, *cuts, None]
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in itertools.pairwise(bounds):
             tasks.append(Task(len(tasks), idx, src, a, b))
     return tasks
 
 
-def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
-                  progress: Optional[Callable[[int], None]] = None) -> ScanResult:
+def scan_parallel(scanner: Scanner, paths: list, jobs: int | None = None,
+                  progress: Callable[[int], None] | None = None) -> ScanResult:
     """Scan ``paths`` like ``scanner.scan_paths`` does, with up to ``jobs`` processes."""
     t0 = time.perf_counter()
     notes: list = []
@@ -310,7 +314,9 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: Optional[int] = None,
     out = ScanResult(Findings(), S.Structure(), [], engine=scanner.engine.name)
     waiting: dict = {}  # results that came before an earlier task's: merged in task order, then dropped
     nxt = 0
-    with ctx.Pool(n, initializer=_init, initargs=(scanner.db, scanner.engine_name, scanner.versions, scanner.sample, counter)) as pool:
+    with ctx.Pool(
+        n, initializer=_init, initargs=(scanner.db, scanner.engine_name, scanner.versions, scanner.sample, counter)
+    ) as pool:
         work = _number_pieces(pool, tasks)
         it = pool.imap_unordered(_scan_one, sorted(work, key=lambda t: -_task_size(t)))  # largest first
         seen = 0

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 
 class _Unknown:
@@ -76,9 +77,9 @@ def compile_predicate(expr: str) -> ast.Expression:
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED):
             raise PredicateError(f"predicate {expr!r}: {type(node).__name__} is not allowed")
-        if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS or node.keywords:
-                raise PredicateError(f"predicate {expr!r}: only {sorted(_FUNCS)} may be called")
+        if isinstance(node, ast.Call) and (
+                not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS or node.keywords):
+            raise PredicateError(f"predicate {expr!r}: only {sorted(_FUNCS)} may be called")
     return tree
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Optional
 
 DELAY = 1.0  # seconds before the bar appears
 
 
-def total_size(paths) -> Optional[int]:
+def total_size(paths) -> int | None:
     """Bytes to read (None when unknown: stdin, or a compressed input that will grow on reading)."""
     from .logs.read import iter_sources
 
@@ -35,7 +34,7 @@ def total_size(paths) -> Optional[int]:
 class ScanProgress:
     """A callable ``progress(nbytes)``; a context manager that clears the bar when done."""
 
-    def __init__(self, total: Optional[int], stream=None, delay: float = DELAY, enabled: Optional[bool] = None):
+    def __init__(self, total: int | None, stream=None, delay: float = DELAY, enabled: bool | None = None):
         """``enabled``: None = when ``stream`` is a terminal; True forces it (tests), False never."""
         self.stream = stream or sys.stderr
         self.enabled = bool(getattr(self.stream, "isatty", lambda: False)()) if enabled is None else enabled
@@ -59,8 +58,14 @@ class ScanProgress:
 
     def _start(self):
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         console = Console(file=self.stream, force_terminal=True)
         self.bar = Progress(TextColumn("[bold]scanning"), BarColumn(), DownloadColumn(binary_units=False),

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
 
 from .analyze.findings import Findings
 from .db import Database
@@ -24,7 +24,7 @@ from .model import Hit
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d{1,6})(?!\d)", re.I)
 
 
-def rank_from_name(name: str) -> Optional[int]:
+def rank_from_name(name: str) -> int | None:
     """One file per rank is common (rank3.log, stdout_rank_12.txt, rank-7/out.log): its rank."""
     path = name.replace("\\", "/")
     for part in (path.rsplit("/", 1)[-1], path):
@@ -41,7 +41,7 @@ _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2
           "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
 
 
-def size_bytes(text: str) -> Optional[float]:
+def size_bytes(text: str) -> float | None:
     m = _SIZE.search(text or "")
     if not m:
         return None
@@ -76,7 +76,7 @@ class ScanResult:
 
 
 class Scanner:
-    def __init__(self, db: Database, engine: Optional[str] = None, versions: Optional[dict] = None,
+    def __init__(self, db: Database, engine: str | None = None, versions: dict | None = None,
                  sample: bool = True):
         """``sample``: big logs' iteration, memory and step-time lines are sampled (Engine.scan_sampled;
         counts stay exact, anomalous lines are always read); ``compare`` wants every point."""
@@ -91,8 +91,8 @@ class Scanner:
         self._vcache: dict = {}  # (signature id, message) -> captures or None (see _verify)
 
     # one scanner state per input file
-    def scan_paths(self, paths: Iterable[str], progress: Optional[Callable[[int], None]] = None,
-                   result: Optional[ScanResult] = None) -> ScanResult:
+    def scan_paths(self, paths: Iterable[str], progress: Callable[[int], None] | None = None,
+                   result: ScanResult | None = None) -> ScanResult:
         t0 = time.perf_counter()
         res = result or ScanResult(Findings(), S.Structure(), [], engine=self.engine.name)
         # the scan allocates many small objects and frees them at once, never in cycles: the
@@ -109,8 +109,8 @@ class Scanner:
         return res
 
     def scan_source(self, src: R.Source, idx: int, res: ScanResult,
-                    progress: Optional[Callable[[int], None]] = None,
-                    start: int = 0, end: Optional[int] = None, first_line: int = 1):
+                    progress: Callable[[int], None] | None = None,
+                    start: int = 0, end: int | None = None, first_line: int = 1):
         """Scan one input (file ``idx`` of the scan) into ``res``; or the piece of it from
         ``start`` to ``end`` (``R.split_points``), whose first line is ``first_line``."""
         got, n_notes = False, len(res.notes)
@@ -227,7 +227,7 @@ class Scanner:
             cache[key] = caps
         return caps
 
-    def _recover(self, sig, msg: str, data: bytes, end: int) -> Optional[dict]:
+    def _recover(self, sig, msg: str, data: bytes, end: int) -> dict | None:
         """The anchor is on the line but the regex does not match: a terminal may have wrapped
         the line (the rest is on the next line) or put a scroll counter ("[451/1919]") at its
         end, or the paste ends inside this line. Returns the captures, marked as the "anchor"

@@ -9,7 +9,7 @@ Keys::
 
     [tool.diagnose]
     launcher = "local"                  # or "slurm"
-    launch-cmd = "python -m torch.distributed.run --nproc_per_node=8 scripts/training/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config"
+    launch-cmd = "torchrun --nproc_per_node=8 scripts/training/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config"
     sbatch-args = ["--partition=gpu"]   # slurm only: extra sbatch options
     max-attempts = 3
     history = "diagnose-history.jsonl"
@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -74,17 +74,17 @@ class SettingsError(Exception):
 @dataclass
 class Settings:
     values: dict = field(default_factory=dict)
-    source: Optional[Path] = None
+    source: Path | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
 
     @property
-    def folder(self) -> Optional[Path]:
+    def folder(self) -> Path | None:
         return self.source.parent if self.source else None
 
 
-def _table(path: Path) -> Optional[dict]:
+def _table(path: Path) -> dict | None:
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -100,7 +100,7 @@ def _table(path: Path) -> Optional[dict]:
     return {k: v for k, v in doc.items() if k != "tool"}
 
 
-def find(start: Optional[Path] = None) -> Settings:
+def find(start: Path | None = None) -> Settings:
     cur = (start or Path.cwd()).resolve()
     for folder in (cur, *cur.parents):
         for name in ("diagnose.toml", ".diagnose.toml", "pyproject.toml"):

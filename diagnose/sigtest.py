@@ -26,7 +26,9 @@ def run_case(db: Database, sig: Signature, case, expect: bool) -> CaseResult:
         if sig.scope != "line":
             report = diagnose_text(case, db)
             got = any(f.signature.id == sig.id for f in report.findings)
-        return CaseResult(sig, expect, case, got == expect, "" if got == expect else ("missed" if expect else "matched"))
+        return CaseResult(
+            sig, expect, case, got == expect, "" if got == expect else ("missed" if expect else "matched")
+        )
     cfg = RunConfig(dict(case.get("config") or {}), "<test config>") if case.get("config") is not None else None
     text = case.get("log") or case.get("line") or ""
     report = diagnose_text(text, db, cfg, baseline_ms=case.get("baseline_ms"))

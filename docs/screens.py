@@ -40,8 +40,9 @@ def render(width: int) -> tuple[str, str]:
     os.environ["TERM"] = "xterm-256color"
     ansi = get_formatter("text", width=width, color="always").render(report)
     plain = get_formatter("text", width=width, color="never").render(report)
-    console = Console(record=True, width=width, force_terminal=True, color_system="truecolor", file=open(os.devnull, "w"))
-    console.print(Text.from_ansi(ansi.rstrip("\n")), soft_wrap=True)
+    with open(os.devnull, "w") as sink:
+        console = Console(record=True, width=width, force_terminal=True, color_system="truecolor", file=sink)
+        console.print(Text.from_ansi(ansi.rstrip("\n")), soft_wrap=True)
     svg = console.export_svg(title=f"diagnose {LOG}  ({width} columns)", unique_id=f"diagnose-{width}")
     return svg, plain
 

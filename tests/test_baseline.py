@@ -2,8 +2,8 @@
 import json
 
 import pytest
-
 from ci_samples import healthy_lines, nccl_error_lines, oom_lines, write
+
 from diagnose import baseline as BL
 from diagnose.report.fingerprint import normalize_file, normalize_text
 
@@ -33,7 +33,7 @@ def test_known_finding_passes_new_finding_fails(nights, run_cli):
     assert "0 at or above --fail-on error not in the baseline" in err
 
     worse = write(nights / "n3" / "slurm-3000.out", healthy_lines() + oom_lines(2) + nccl_error_lines())
-    code, out, err = run_cli(worse, "--baseline", base, "--format", "json")
+    code, _out, err = run_cli(worse, "--baseline", base, "--format", "json")
     assert code == 1
     assert "1 at or above --fail-on error not in the baseline" in err
     # without the baseline every error fails

@@ -97,7 +97,7 @@ def test_does_not_fit_on_a_smaller_gpu(run_cli):
 
 
 def test_world_size_default_is_said(run_cli):
-    code, doc, _ = jcheck(run_cli, MARCH)
+    _code, doc, _ = jcheck(run_cli, MARCH)
     assert doc["memory"]["world_size"] == 8
     assert any("smallest the layout allows" in n for n in doc["memory"]["notes"])
 
@@ -157,7 +157,7 @@ def test_text_output_has_table_and_verdict(run_cli):
 
 
 def test_preset_as_config(run_cli):
-    code, doc, _ = jcheck(run_cli, "llama3-8b", "model.tensor_model_parallel_size=8", "+optimizer.use_distributed_optimizer=true",
+    _code, doc, _ = jcheck(run_cli, "llama3-8b", "model.tensor_model_parallel_size=8", "+optimizer.use_distributed_optimizer=true",
                           "--world-size", "64", "--gpu", "h100")
     assert doc["memory"]["world_size"] == 64
     assert any("llama3-8b preset" in n for n in doc["notes"])
@@ -175,7 +175,7 @@ def test_preset_as_config(run_cli):
     ([MARCH, "--mcore-version", "latest"], "is not a version"),
 ])
 def test_bad_input_exits_2_with_one_line(run_cli, args, message):
-    code, out, err = run_cli("check", *args)
+    code, _out, err = run_cli("check", *args)
     assert code == 2
     assert message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
@@ -206,7 +206,8 @@ def test_strict_load_keeps_the_api(repo):
     cfg = load_config(str(repo / MARCH))
     assert cfg.get("model.tensor_model_parallel_size") == 2
     with pytest.raises(ConfigError):
-        import tempfile, os
+        import os
+        import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
             fh.write("model:\n  bogus: 1\n")
         try:
@@ -267,7 +268,7 @@ def test_no_internal_error_on_arbitrary_override_values(db, tmp_path):
         ovs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in pairs]
         try:
             res = run_check(str(small), ovs, db, {"megatron-core": "0.16.1"}, world_size=world)
-        except (ConfigError,):
+        except ConfigError:
             return
         assert isinstance(res["findings"], list)
 
@@ -278,7 +279,7 @@ def test_bridge_0_6_dataset_seq_length_is_a_known_key(run_cli, tmp_path):
     """Megatron-Bridge 0.6's GPTDatasetConfig dumps dataset.seq_length (issue 12, item 7)."""
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("dataset:\n  seq_length: 4096\nmodel:\n  num_layers: 4\n")
-    code, out, err = run_cli("check", str(cfg))
+    code, _out, err = run_cli("check", str(cfg))
     assert "unknown key" not in err and code == 0, err
 
 
@@ -286,9 +287,9 @@ def test_a_misspelt_key_or_override_gets_did_you_mean(run_cli, tmp_path):
     """Issue 13: a typo in a config key or an override key names the key it probably meant."""
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("model:\n  cpu_ofloading: true\n")
-    code, out, err = run_cli("check", str(cfg))
+    code, _, err = run_cli("check", str(cfg))
     assert code == 2 and "(did you mean model.cpu_offloading?)" in err
-    code, out, err = run_cli("check", MARCH, "model.pipline_model_parallel_size=2")
+    code, _out, err = run_cli("check", MARCH, "model.pipline_model_parallel_size=2")
     assert code == 2 and "(did you mean model.pipeline_model_parallel_size?)" in err
 
 

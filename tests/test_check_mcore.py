@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-from diagnose.config import mcore  # noqa: E402
+from diagnose.config import mcore
 
 pytestmark = [pytest.mark.mcore, pytest.mark.slow]
 CFG = "fixtures/configs"
@@ -47,7 +47,7 @@ def test_mcore_raises_and_the_database_names_it(run_cli, name, sid, message):
     ("incompat_optimizer_offload_fraction_range", "MB-OFF-051"),
 ])
 def test_traps_mcore_does_not_check_stay_static(run_cli, name, sid):
-    code, doc, _ = jcheck(run_cli, f"{CFG}/{name}.yaml")
+    _code, doc, _ = jcheck(run_cli, f"{CFG}/{name}.yaml")
     assert [(f["signature"], f["source"]) for f in doc["findings"]] == [(sid, "static")]
 
 

@@ -2,8 +2,8 @@
 import json
 
 import pytest
-
 from ci_samples import COMPARE
+
 from diagnose import compare as C
 
 BASE = str(COMPARE / "bridge_baseline.log")

@@ -242,7 +242,7 @@ def test_history_survives_kill_9(tmp_path):
     records = History(path).read()
     assert len(records) > 0
     raw = path.read_bytes().split(b"\n")
-    whole = [l for l in raw if l]
+    whole = [ln for ln in raw if ln]
     # every line but possibly a torn last one of each kill is a whole record
     assert len(records) >= len(whole) - 5
     for r in records:

@@ -2,8 +2,8 @@
 import re
 
 import yaml
-
 from ci_samples import REPO
+
 from diagnose.report import FORMATS
 
 DOC = REPO / "docs" / "ci.md"

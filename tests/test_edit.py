@@ -69,7 +69,7 @@ def test_round_trip_keeps_comments_order_targets_quotes(tmp_path):
     assert list(doc["model"]) == list(yaml.safe_load(HAND)["model"])  # key order unchanged
     # only the edited lines differ
     diff = E.unified_diff(snap.text, new, "cfg.yaml")
-    changed = [l for l in diff.splitlines() if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+    changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
     assert len(changed) == 8, diff
 
 
@@ -240,7 +240,7 @@ def test_render_keeps_the_files_own_indentation(tmp_path, style):
     out = E.render(_snap_of(tmp_path, text), [("optimizer.lr", 0.2)])
     a, b = text.splitlines(), out.splitlines()
     assert len(a) == len(b) and [i for i, (x, y) in enumerate(zip(a, b)) if x != y] == [a.index(next(
-        l for l in a if "lr:" in l))], (style, out)
+        ln for ln in a if "lr:" in ln))], (style, out)
 
 
 @pytest.mark.parametrize("text,want", [
@@ -298,9 +298,8 @@ def test_a_fresh_empty_lock_is_respected_until_the_grace_ends(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(BASE)
     (tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)).write_text("")
-    with pytest.raises(E.EditError, match="being edited by another"):
-        with E.FileLock(cfg):
-            pass
+    with pytest.raises(E.EditError, match="being edited by another"), E.FileLock(cfg):
+        pass
 
 
 def test_a_dangling_symlink_is_a_one_line_error(tmp_path):

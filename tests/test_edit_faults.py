@@ -131,7 +131,7 @@ def test_kill_before_replace_never_touches_the_config(tmp_path, monkeypatch):
         real = getattr(target, step)
         calls = {"n": 0}
 
-        def boom(*a, _real=real, _step=step, **k):
+        def boom(*a, _real=real, _step=step, calls=calls, **k):
             calls["n"] += 1
             if _step != "fsync" or calls["n"] == 2:  # 2nd fsync: the temporary copy of the new text
                 raise Crash()
@@ -165,7 +165,7 @@ def test_two_fix_runs_at_once_on_the_same_file(tmp_path):
     procs = [_fix_cli(cfg, tmp_path) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     codes = [p.returncode for p in procs]
-    for (out, err), code in zip(outs, codes):
+    for (_out, err), code in zip(outs, codes):
         assert "Traceback" not in err and "internal error" not in err, err
         assert code in (0, 2), (code, err)
     assert 0 in codes, outs
@@ -174,7 +174,7 @@ def test_two_fix_runs_at_once_on_the_same_file(tmp_path):
     baks = sorted(tmp_path.glob("cfg.yaml.bak*"))
     assert [b.name for b in baks] == ["cfg.yaml.bak"] and baks[0].read_text() == original
     assert not (tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)).exists()
-    for (out, err), code in zip(outs, codes):
+    for (_out, err), code in zip(outs, codes):
         if code == 2:
             last = err.strip().splitlines()[-1]  # the plan is printed first; the refusal is one line
             assert ("being edited by another diagnose --fix" in last or "changed since the fix was planned" in last), err
@@ -295,9 +295,8 @@ def test_a_lock_naming_a_reused_pid_is_stale(tmp_path):
         with E.FileLock(cfg) as held:
             assert held.took_over and "another process" in held.took_over
         lock.write_text(f"{other.pid} {E._start_time(other.pid)}\n")  # the live owner itself: respected
-        with pytest.raises(E.EditError, match="being edited by another"):
-            with E.FileLock(cfg):
-                pass
+        with pytest.raises(E.EditError, match="being edited by another"), E.FileLock(cfg):
+            pass
     finally:
         other.kill()
         other.wait()

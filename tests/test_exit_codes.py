@@ -1,7 +1,7 @@
 """One test per exit code of the scan (0 / 1 / 2 / 3) and of compare (0 / 1 / 2), as documented."""
 import pytest
-
 from ci_samples import COMPARE, healthy_lines, nan_count_lines, oom_lines, write
+
 from diagnose import exitcodes
 
 
@@ -31,7 +31,7 @@ def test_fail_on_threshold(tmp_path, run_cli, fail_on, expected):
 def test_2_usage_or_input_error(tmp_path, run_cli, args):
     ok = write(tmp_path / "ok.log", healthy_lines(160))
     argv = [a.format(missing=str(tmp_path / "missing.log"), ok=ok, tmp=str(tmp_path)) for a in args]
-    code, out, err = run_cli(*argv)
+    code, _out, err = run_cli(*argv)
     assert code == exitcodes.USAGE == 2
     assert "Traceback" not in err and err.strip()
 
@@ -103,19 +103,19 @@ def test_an_output_that_names_an_input_is_refused_and_the_input_kept(tmp_path, r
 # --- the conventions of the tools users know (issue 13) -----------------------------------------
 def test_a_misspelt_subcommand_gets_did_you_mean(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli("chek", "foo.yaml")
+    code, _out, err = run_cli("chek", "foo.yaml")
     assert code == exitcodes.USAGE and "did you mean 'diagnose check'" in err
 
 
 def test_a_file_named_like_a_command_is_still_scanned(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "chek").write_text("all good\n")
-    code, out, err = run_cli("chek")
+    code, _out, err = run_cli("chek")
     assert code == exitcodes.OK and "did you mean" not in err
 
 
 def test_short_version_flag(run_cli):
-    code, out, err = run_cli("-V")
+    code, out, _err = run_cli("-V")
     assert code == 0 and out.startswith("diagnose, version")
 
 

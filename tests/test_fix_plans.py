@@ -239,7 +239,7 @@ def test_a_fresh_run_that_died_before_saving_takes_the_layout_change(db):
 
 
 def test_finetune_on_old_bridge_refuses_optimizer_offload_with_the_reason(db):
-    _, ctx, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8, "0.5.1")
+    _, _ctx, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8, "0.5.1")
     assert not p.edits and "MB-OFF-039" in reasons(p) and "0.6.0" in reasons(p)
     _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8, "0.6.0")
     assert _edits(p)["optimizer.optimizer_cpu_offload"] is True

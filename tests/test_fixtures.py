@@ -7,9 +7,9 @@ by the line their scenario forces). The tool's output is never the source of an 
 from __future__ import annotations
 
 import gzip
-import tempfile
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest

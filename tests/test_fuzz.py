@@ -411,7 +411,7 @@ def _prop_overrides(ovs):
     _count("overrides")
     cfg = RunConfig({"model": {"num_layers": 2, "a": {"x": 1}}, "optimizer": {"lr": 0.1}}, "cfg.yaml")
     try:
-        out, notes = apply_overrides(cfg, ovs)
+        out, _notes = apply_overrides(cfg, ovs)
     except ConfigError as exc:
         assert str(exc).startswith("override ")
         return

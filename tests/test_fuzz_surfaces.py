@@ -12,11 +12,9 @@ from __future__ import annotations
 import copy
 import math
 import os
-import random
 from datetime import date
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -70,7 +70,7 @@ def test_binary_file(run_cli, tmp_path):
     'healthy' verdict on random bytes."""
     p = tmp_path / "core.bin"
     p.write_bytes(random.Random(6).randbytes(2_000_000))
-    code, out, err = run_cli(str(p), "--format", "json")
+    code, _out, err = run_cli(str(p), "--format", "json")
     assert code == 2 and "binary file" in err and "nothing could be read" in err
 
 
@@ -127,7 +127,7 @@ def _gz_log(lines=20_000):
 
 
 def test_truncated_gzip_keeps_what_was_readable(run_cli, tmp_path):
-    body, gz = _gz_log()
+    _body, gz = _gz_log()
     p = tmp_path / "run.log.gz"
     p.write_bytes(gz[: int(len(gz) * 0.8)])  # the traceback is in the first half of the stream
     code, report, _ = _scan(run_cli, p)
@@ -138,7 +138,7 @@ def test_truncated_gzip_keeps_what_was_readable(run_cli, tmp_path):
 
 
 def test_gzip_corrupt_in_the_middle(run_cli, tmp_path):
-    body, gz = _gz_log()
+    _body, gz = _gz_log()
     bad = bytearray(gz)
     mid = len(bad) * 3 // 4
     bad[mid:mid + 64] = bytes(64)  # zeroed block: invalid deflate data
@@ -150,7 +150,7 @@ def test_gzip_corrupt_in_the_middle(run_cli, tmp_path):
 
 
 def test_gzip_reader_returns_every_byte_before_the_damage(tmp_path):
-    body, gz = _gz_log(50_000)
+    _body, gz = _gz_log(50_000)
     p = tmp_path / "t.gz"
     p.write_bytes(gz[: len(gz) // 2])
     notes = []
@@ -539,12 +539,12 @@ def test_a_hostile_baseline_is_a_one_line_error(run_cli, tmp_path, text, why):
     log.write_bytes(OOM + b"\n")
     bl = tmp_path / "bl.json"
     bl.write_text(text)
-    code, out, err = run_cli(str(log), "--baseline", str(bl))
+    code, _out, err = run_cli(str(log), "--baseline", str(bl))
     assert code == 2 and why in err and "internal error" not in err
 
 
 def test_follow_on_a_folder_is_a_usage_error(run_cli, tmp_path):
-    code, out, err = run_cli(str(tmp_path), "--follow")
+    code, _out, err = run_cli(str(tmp_path), "--follow")
     assert code == 2 and "not a folder" in err
 
 

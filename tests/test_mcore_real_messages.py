@@ -10,9 +10,7 @@ changes a string, these tests fail until the database follows.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import sys
 import traceback
 import warnings
 
@@ -79,7 +77,7 @@ def torchrun_log(exc: BaseException, ranks=(1, 0), script: str = "pretrain_gpt.p
             if i == last:
                 exc_line[r] = len(out)
     out.append("E1130 10:59:07.361000 19363 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
-               f"(exitcode: 1) local_rank: 0 (pid: 19368) of binary: venv/bin/python")
+               "(exitcode: 1) local_rank: 0 (pid: 19368) of binary: venv/bin/python")
     return "\n".join(out) + "\n", exc_line
 
 
@@ -88,7 +86,7 @@ def raised(fn, *a, **kw) -> BaseException:
         warnings.simplefilter("ignore")
         try:
             fn(*a, **kw)
-        except Exception as e:  # the real MCore exception
+        except Exception as e:  # noqa: BLE001 - the real MCore exception, whatever its type
             return e
     pytest.fail(f"{getattr(fn, '__name__', fn)}({kw}) raised nothing on megatron-core {MCORE_VERSION}")
 

@@ -151,7 +151,7 @@ def test_gpu_capacity_and_contract():
 
 
 def test_missing_shape_is_an_error_not_a_guess():
-    with pytest.raises(M.MemoryModelError, match="model.hidden_size"):
+    with pytest.raises(M.MemoryModelError, match=r"model\.hidden_size"):
         M.estimate(RunConfig({"model": {"num_layers": 4}}))
 
 

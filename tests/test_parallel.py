@@ -135,7 +135,6 @@ def big_single(tmp_path_factory):
 def test_one_big_file_cut_in_pieces_equals_serial(db, big_single, monkeypatch, jobs):
     import diagnose.parallel as P
     from diagnose.logs import read as R
-
     from diagnose.match.engine import Engine
 
     monkeypatch.setattr(R, "CHUNK", 48 << 10)  # ~100 chunks: block ends and piece ends meet

@@ -108,7 +108,7 @@ def test_seed_activation_offload_pp1_oom_at_8_gpus_needs_the_lowest_fitting_frac
 
 
 def test_seed_partial_offload_oom_raises_the_fraction(db):
-    report, p, ctx = seed_plan(db, "partial_optimizer_offload_oom")
+    report, p, _ctx = seed_plan(db, "partial_optimizer_offload_oom")
     assert report.root_cause.finding.signature.id == "MB-OFF-102"
     e = edits(p)
     assert set(e) == {"optimizer.optimizer_offload_fraction"}

@@ -157,7 +157,7 @@ SAFE = [
 
 @pytest.mark.parametrize("pattern", CATASTROPHIC)
 def test_checker_rejects_catastrophic_shapes(pattern):
-    with pytest.raises(DB.DatabaseError, match="catastrophic backtracking|nested unbounded quantifier"):
+    with pytest.raises(DB.DatabaseError, match=r"catastrophic backtracking|nested unbounded quantifier"):
         DB.check_regex_safety(pattern)
 
 

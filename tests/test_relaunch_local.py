@@ -60,7 +60,7 @@ def running(pid: int) -> bool:
 
 
 def history(path: Path) -> list[dict]:
-    return [json.loads(l) for l in path.read_text().splitlines()]
+    return [json.loads(ln) for ln in path.read_text().splitlines()]
 
 
 @needs_mcore
@@ -179,14 +179,14 @@ def test_ctrl_c_ends_the_job_and_leaves_the_history_whole(tmp_path, sig):
             time.sleep(0.1)
         job = int((tmp_path / "job.pid").read_text())
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + sig, err
     assert not running(job)
     lines = (tmp_path / "h.jsonl").read_text().splitlines()
-    recs = [json.loads(l) for l in lines]  # every line is whole JSON
+    recs = [json.loads(ln) for ln in lines]  # every line is whole JSON
     assert recs[-1]["outcome"] == "interrupted" and recs[-1]["job_id"] and recs[-1]["signal"] == sig
 
 

@@ -155,7 +155,7 @@ def test_slurm_run1_fails_then_fix_relaunch_trains(slurm, tmp_path):
     assert "Slurm job" in r.stderr
     doc = yaml.safe_load((tmp_path / "cfg.yaml").read_text())
     assert doc["model"]["cpu_offloading"] is False and doc["optimizer"]["optimizer_cpu_offload"] is True
-    rec = [json.loads(l) for l in (tmp_path / "h.jsonl").read_text().splitlines()][-1]
+    rec = [json.loads(ln) for ln in (tmp_path / "h.jsonl").read_text().splitlines()][-1]
     assert rec["launcher"] == "slurm" and rec["job_id"].isdigit() and rec["outcome"] == "healthy"
     assert rec["command"][0] == "sbatch" and str(SBATCH_JOB) in rec["command"]
     log2 = Path(rec["log"]).read_text()  # the job's output file
@@ -180,7 +180,7 @@ def test_slurm_early_abort_scancels_within_2_s(slurm, tmp_path):
                  "--launch-cmd", shlex.join([sys.executable, str(script)]), "--history", "h.jsonl",
                  "--max-attempts", "1", cwd=tmp_path, env=slurm, timeout=180)
     assert r.returncode == exitcodes.RELAUNCH_FAILED, r.stderr
-    rec = [json.loads(l) for l in (tmp_path / "h.jsonl").read_text().splitlines()][-1]
+    rec = [json.loads(ln) for ln in (tmp_path / "h.jsonl").read_text().splitlines()][-1]
     assert rec["outcome"] == "stopped_early" and "--wrap" in rec["command"]
     gap = rec["ended_at"] - float((tmp_path / "written.at").read_text())
     print(f"Slurm early abort: job {rec['job_id']} ended {gap:.2f} s after the fatal line was written")
@@ -216,6 +216,6 @@ def test_slurm_early_abort_in_a_folder_with_spaces(slurm, tmp_path):
                  "--launch-cmd", shlex.join([sys.executable, str(script)]), "--history", "h.jsonl",
                  "--max-attempts", "1", cwd=work, env=slurm, timeout=180)
     assert r.returncode == exitcodes.RELAUNCH_FAILED, r.stderr
-    rec = [json.loads(l) for l in (work / "h.jsonl").read_text().splitlines()][-1]
+    rec = [json.loads(ln) for ln in (work / "h.jsonl").read_text().splitlines()][-1]
     assert rec["outcome"] == "stopped_early" and " " in rec["log"] and Path(rec["log"]).is_file()
     assert rec["ended_at"] - float((work / "written.at").read_text()) < 2.0

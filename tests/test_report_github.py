@@ -3,6 +3,7 @@ plus the Markdown job summary appended to $GITHUB_STEP_SUMMARY."""
 import re
 
 from ci_samples import healthy_lines, nan_count_lines, oom_lines, write
+
 from diagnose.model import Finding, Hit, Report
 from diagnose.report.github import MAX_PER_LEVEL, GithubFormatter, escape_data, escape_property
 
@@ -87,7 +88,7 @@ def test_paths_relative_to_the_workspace(tmp_path, run_cli, monkeypatch):
 def test_a_refining_root_cause_is_annotated_once_per_line(run_cli, repo):
     """The seed's OOM is MB-OFF-101, which refines MB-OOM-001 on the same line: one annotation."""
     log = str(repo / "fixtures" / "logs" / "seed" / "qwen3_30b_a3b_activation_offload_pp1_oom.log")
-    code, out, _ = run_cli(log, "--format", "github")
+    _code, out, _ = run_cli(log, "--format", "github")
     rows = parse(out)
     ids = [p["title"].split()[0] for _, p, _ in rows]
     assert "MB-OFF-101" in ids and "MB-OOM-001" not in ids

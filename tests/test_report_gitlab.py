@@ -2,6 +2,7 @@
 import json
 
 from ci_samples import healthy_lines, oom_lines, write
+
 from diagnose.model import Finding, Hit
 from diagnose.report.fingerprint import fingerprint, unique_fingerprints
 

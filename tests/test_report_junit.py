@@ -62,6 +62,6 @@ def test_healthy_log_has_no_failure(tmp_path, run_cli):
 def test_the_root_cause_is_the_first_testcase(run_cli, repo):
     """A CI page lists cases in file order: the root cause comes first, before confirmations."""
     log = str(repo / "fixtures" / "logs" / "seed" / "qwen3_30b_a3b_activation_offload_pp1_oom.log")
-    code, root, _ = junit(run_cli, log)
+    _code, root, _ = junit(run_cli, log)
     first = root.find("testsuite").find("testcase")
     assert first.get("name").startswith("MB-OFF-101") and first.find("failure") is not None

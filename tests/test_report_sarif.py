@@ -2,8 +2,8 @@
 import json
 
 import pytest
-
 from ci_samples import SCHEMA, healthy_lines, oom_lines, write
+
 from diagnose.report.fingerprint import SARIF_KEY
 
 

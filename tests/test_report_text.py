@@ -39,14 +39,14 @@ def _check_first_screen(path, report, width, details):
             return
         head = "\n".join(lines[:15])
         assert f"[{rc.finding.signature.id}]" in lines[0], path.name
-        compact = "".join(l.strip() for l in lines[:15]).replace(" ", "")  # a long path wraps mid-token
+        compact = "".join(ln.strip() for ln in lines[:15]).replace(" ", "")  # a long path wraps mid-token
         assert f"{rc.hit.file}:{rc.hit.line}".replace(" ", "") in compact, path.name
         assert "   | " in head, path.name  # the evidence line
         if rc.overrides:
-            flat = " ".join(l.strip() for l in lines[:15])
+            flat = " ".join(ln.strip() for ln in lines[:15])
             for o in rc.overrides:  # every override whole, copy-pasteable, within the first screen
                 assert o in flat.replace("overrides: ", ""), (path.name, o)
-            assert not any("…" in l for l in lines if "=" in l and "overrides" in l), path.name
+            assert not any("…" in ln for ln in lines if "=" in ln and "overrides" in ln), path.name
         if not details:
             path_lines = len(str(path)) // (width - 8)  # a long path wraps: the lines it takes beyond one
             assert len(lines) <= 15 + path_lines + len(report.notes) * 3, (path.name, len(lines))
@@ -69,7 +69,7 @@ def test_columns_is_honoured(monkeypatch, reports):
     report = next(r for r in reports.values() if r.root_cause is not None)
     monkeypatch.setenv("COLUMNS", "72")
     out = get_formatter("text").render(report)
-    assert max(len(l) for l in out.splitlines()) <= 72
+    assert max(len(ln) for ln in out.splitlines()) <= 72
 
 
 @pytest.mark.parametrize("env,option,want", [({"NO_COLOR": "1"}, True, False), ({"FORCE_COLOR": "1"}, False, True),

@@ -15,7 +15,7 @@ def _root(text, **kw):
 
 def test_oom_on_one_rank_beats_watchdog_timeouts_on_the_others():
     text = "\n".join([WATCHDOG.format(r=r, m=30) for r in (0, 1, 2)] + [OOM]) + "\n"
-    rep, rc = _root(text)
+    _rep, rc = _root(text)
     assert rc.finding.signature.category == "cuda_oom" and rc.hit.rank == 3
     assert any(f.signature.id == "MB-NCCL-001" and f.count == 3 for f in rc.set_aside)
 
@@ -64,7 +64,7 @@ def test_warnings_only_is_healthy():
     text = ("/usr/lib/python3/site-packages/x.py:1: FutureWarning: `torch.cuda.amp.custom_fwd(args...)` is "
             "deprecated. Please use `torch.amp.custom_fwd(args..., device_type='cuda')` instead.\n"
             "UserWarning: Transformer Engine and Apex are not installed. Falling back to Torch optimizers.\n")
-    rep, rc = _root(text)
+    _rep, rc = _root(text)
     assert rc is None
 
 
@@ -203,7 +203,7 @@ def test_a_config_trap_found_in_the_log_points_at_the_config_block():
 
     cfg = RunConfig({"optimizer": {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.0,
                                    "use_distributed_optimizer": True}}, "run_config.yaml")
-    rep, rc = _root("", config=cfg)
+    rep, _rc = _root("", config=cfg)
     f = next(x for x in rep.findings if x.signature.id == "MB-OFF-050")
     assert (f.first.file, f.first.line) == ("run_config.yaml", 1)
     assert f.first.text == ("optimizer.optimizer_cpu_offload = True; optimizer.optimizer_offload_fraction = 0.0")

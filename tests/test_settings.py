@@ -43,7 +43,7 @@ def test_a_tool_key_that_is_not_a_table(tmp_path):
     (tmp_path / "diagnose.toml").write_text('tool = "local"\nlauncher = "local"\n')
     assert ST.find(tmp_path).get("launcher") == "local"
     (tmp_path / "diagnose.toml").write_text('[tool]\ndiagnose = 3\n')
-    with pytest.raises(ST.SettingsError, match="tool.diagnose must be a table"):
+    with pytest.raises(ST.SettingsError, match=r"tool\.diagnose must be a table"):
         ST.find(tmp_path)
 
 

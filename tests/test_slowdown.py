@@ -3,6 +3,7 @@ inside one run, and a run against a good run of the same job (--baseline-run).""
 from pathlib import Path
 
 import pytest
+
 from diagnose.config.load import load_config
 from diagnose.diagnosis import diagnose_paths, diagnose_text
 
@@ -120,14 +121,14 @@ def test_a_step_change_is_found_and_a_checkpoint_spike_is_not():
 def test_a_run_against_a_good_run_of_the_same_job(run_cli):
     import json
 
-    code, out, _ = run_cli(str(LOGS / "compare" / "mlm_offload100_slow_fail.log"), "--baseline-run",
+    _, out, _ = run_cli(str(LOGS / "compare" / "mlm_offload100_slow_fail.log"), "--baseline-run",
                            str(LOGS / "compare" / "mlm_baseline.log"), "--format", "json")
     doc = json.loads(out)
     assert doc["metrics"]["slowdown"] == pytest.approx(5.58, abs=0.01)
     assert doc["root_cause"]["category"] == "slow_optimizer_offload"
     assert "5.58x the iteration time of" in doc["root_cause"]["text"]
     # the same run without the baseline, timers or model sizes: the log alone cannot show it
-    code, out, _ = run_cli(str(LOGS / "compare" / "mlm_offload100_slow_fail.log"), "--format", "json")
+    _code, out, _ = run_cli(str(LOGS / "compare" / "mlm_offload100_slow_fail.log"), "--format", "json")
     assert json.loads(out)["root_cause"] is None
 
 

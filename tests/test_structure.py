@@ -69,7 +69,7 @@ def test_timer_block_and_optimizer_share():
     assert rep.metrics["optimizer_share"] == pytest.approx(41.0 / (41.0 + 951.03))
 
 
-TORCHRUN = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+TORCHRUN = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
 train.py FAILED
 ------------------------------------------------------------

@@ -9,12 +9,10 @@ costs scale with its parameters per GPU, so the saving is stated as a share of t
 """
 from __future__ import annotations
 
-from typing import Optional
-
 SCOPE = "offload factors measured on Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100"
 
 
-def offload_cost(cfg, metrics: dict, world_size: Optional[int], timers: str = "") -> Optional[dict]:
+def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -> dict | None:
     """``metrics`` entries (offload_fraction, offload_fraction_fits, offload_factor,
     offload_factor_fits, offload_saving) and the evidence text, or None where the run offloads
     no more than it needs (or the memory model cannot size the config). ``timers``: what the

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional
 
 from ..model import Finding, Hit, Signature
 
@@ -42,7 +41,7 @@ class Findings:
     def all(self) -> list[Finding]:
         return sorted(self.by_id.values(), key=lambda f: f.first.order)
 
-    def get(self, sig_id: str) -> Optional[Finding]:
+    def get(self, sig_id: str) -> Finding | None:
         return self.by_id.get(sig_id)
 
     def remove(self, sig_id: str):

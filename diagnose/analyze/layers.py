@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
 
 import regex
 import yaml
@@ -49,11 +48,11 @@ class Row:
     id: str
     signature: str
     types: frozenset = frozenset()
-    message: Optional["regex.Pattern"] = None
-    frames: Optional["regex.Pattern"] = None
-    source: Optional["regex.Pattern"] = None
-    innermost: Optional[int] = None
-    before: Optional["regex.Pattern"] = None  # by_context: an activity line just before
+    message: regex.Pattern | None = None
+    frames: regex.Pattern | None = None
+    source: regex.Pattern | None = None
+    innermost: int | None = None
+    before: regex.Pattern | None = None  # by_context: an activity line just before
     within: int = 0  # by_context: at most this many lines before the traceback
 
     @property
@@ -62,7 +61,7 @@ class Row:
             return "context"
         return "traceback" if (self.frames or self.source) else "exception"
 
-    def holds(self, etype: Optional[str], message: str, frames: list, source: list) -> bool:
+    def holds(self, etype: str | None, message: str, frames: list, source: list) -> bool:
         # every class name the type names: ray.exceptions.RayTaskError(OutOfMemoryError) is both
         if self.types and not self.types.intersection(_NAME.findall(etype or "")):
             return False
@@ -167,8 +166,8 @@ def check_against(tables: Tables, db) -> None:
             raise LayerError(f"layers: {row.id}: {row.signature!r} is not a scope: layer signature")
 
 
-def classify(tables: Tables, etype: Optional[str], message: str, frames: list, source: list,
-             only: Optional[set] = None) -> Optional[Row]:
+def classify(tables: Tables, etype: str | None, message: str, frames: list, source: list,
+             only: set | None = None) -> Row | None:
     """The first row that holds: the exception's type and message first, then its traceback.
     ``only``: signature ids the answer may name (a KeyboardInterrupt is read for a hang only)."""
     if etype:
@@ -182,7 +181,7 @@ def classify(tables: Tables, etype: Optional[str], message: str, frames: list, s
     return None
 
 
-def classify_context(tables: Tables, file: str, start: int, activity: list) -> Optional[Row]:
+def classify_context(tables: Tables, file: str, start: int, activity: list) -> Row | None:
     """A by_context row whose activity line is in ``file`` at most ``within`` lines before
     ``start`` (the first line of the failure): the job failed while doing that."""
     for row in tables.by_context:

@@ -15,8 +15,6 @@ Order of reasoning:
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from .. import predicate as P
 from ..db import Database
 from ..model import SEVERITY_RANK, Finding, Hit, RootCause, Signature
@@ -27,7 +25,7 @@ from .findings import Findings, first_hit
 GENERIC_EXCEPTION_ID = "MB-GEN-001"
 
 
-def _roots(cfg, metrics: dict, captures: Optional[dict] = None) -> dict:
+def _roots(cfg, metrics: dict, captures: dict | None = None) -> dict:
     roots = dict(cfg.data) if cfg is not None else {}
     # metrics the caller computed win over any the config carries (preflight puts host_gb there)
     roots["metrics"] = {**(roots.get("metrics") or {}), **metrics}
@@ -128,7 +126,7 @@ def basis_of(f: Finding, hit: Hit) -> str:
     return "signature"
 
 
-def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list) -> Optional[RootCause]:
+def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list) -> RootCause | None:
     """The one root cause, by tiers of evidence (analyze/layers.py): exact root signatures;
     then what the layers read from unknown exceptions and tracebacks (earliest first); then the
     consequences (cascades) and the generic uncaught exception (priority, then earliest); then
@@ -144,7 +142,7 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
     # or worker) only say that the job failed and wait for the last tier
     layered = [f for f in allf if f.signature.scope == "layer" and f.signature.role == "root"
                and "failure" not in f.signature.tags]
-    chosen: Optional[Finding] = None
+    chosen: Finding | None = None
     tier = ""
     if roots:
         top = max(SEVERITY_RANK[f.signature.severity] for f in roots)
@@ -217,7 +215,7 @@ def _pick_hit(f: Finding, torchrun: list) -> tuple[Hit, str]:
     return hit, "log line" if hit.rank is not None else ""
 
 
-def _refine(db: Database, sig: Signature, hit: Hit, cfg, metrics: dict) -> Optional[Signature]:
+def _refine(db: Database, sig: Signature, hit: Hit, cfg, metrics: dict) -> Signature | None:
     best = None
     roots = _roots(cfg, metrics, hit.captures)
     for r in db.refiners_of(sig):
@@ -252,7 +250,7 @@ def static_overrides(sig: Signature, cfg, roots: dict) -> list[str]:
     return []
 
 
-def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: Optional[int]) -> Optional[dict]:
+def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: int | None) -> dict | None:
     """A collective timeout that every rank but one reports: the one that did not is the rank
     the others waited for (the straggler), not any of the ranks whose watchdog fired.
 

@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import math
 from statistics import median
-from typing import Optional
 
 from ..logs.structure import Structure
 
 
-def compute(s: Structure, baseline_ms: Optional[float] = None) -> dict:
+def compute(s: Structure, baseline_ms: float | None = None) -> dict:
     m: dict = {}
     pts = s.iterations
     t, peaks = s.tally, s.peaks

@@ -64,9 +64,13 @@ def load_base(config: str, preset: str | None) -> tuple[RunConfig, list]:
     else:
         pr = M.find_preset(config)
         if pr is None:
-            raise ConfigError(f"{config}: no such file, and not a model preset (presets: {', '.join(sorted(M.presets()))})")
+            raise ConfigError(
+                f"{config}: no such file, and not a model preset (presets: {', '.join(sorted(M.presets()))})"
+            )
         cfg = RunConfig({"model": dict(pr["model"])}, f"preset {config}")
-        notes.append(f"config: the {config} preset ({pr.get('hf', '')}) and MCore's defaults for every key it does not set")
+        notes.append(
+            f"config: the {config} preset ({pr.get('hf', '')}) and MCore's defaults for every key it does not set"
+        )
     return cfg, notes
 
 
@@ -101,7 +105,7 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
     try:
         est = M.estimate(cfg, world_size=world_size, gpu=gpu, gpu_memory_gb=gpu_memory, gpus_per_node=gpus_per_node)
     except M.MemoryModelError as exc:
-        if world_size is not None and "world size" in str(exc) or "unknown GPU" in str(exc):
+        if (world_size is not None and "world size" in str(exc)) or "unknown GPU" in str(exc):
             raise ConfigError(str(exc)) from None
         notes.append(f"memory: not estimated ({exc})")
     metrics = est.metrics() if est else {}
@@ -132,8 +136,16 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
                 f.source = "static+mcore"
                 f.evidence = f"{f.evidence} | {ev}"
             elif res.signature is not None:
-                findings.append(R.CheckFinding(res.signature, "mcore", ev, R.fix_overrides(res.signature, cfg, R.roots(cfg, metrics)),
-                                               res.signature.title, res.signature.severity))
+                findings.append(
+                    R.CheckFinding(
+                        res.signature,
+                        "mcore",
+                        ev,
+                        R.fix_overrides(res.signature, cfg, R.roots(cfg, metrics)),
+                        res.signature.title,
+                        res.signature.severity,
+                    )
+                )
             else:
                 findings.append(R.CheckFinding(None, "mcore", ev, [], f"MCore refused the config ({res.exc_type}); "
                                                "no signature names this message", "error"))
@@ -173,12 +185,12 @@ _SEV = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def render_text(res: dict, versions_text: str, color: bool) -> str:
+    import io
+
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
-
-    import io
 
     buf = io.StringIO()
     c = Console(file=buf, force_terminal=color, color_system="auto" if color else None, width=120,
@@ -261,18 +273,36 @@ def _from_settings(world_size, gpu, gpu_memory):
 @click.argument("overrides", nargs=-1)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--gpu", help="GPU by name: h100, h200, a100-40, a100-80, b200, ... (default h100).")
-@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="GPU memory in GB (1e9 bytes) instead of --gpu.")
-@click.option("--world-size", type=click.IntRange(min=1), help="Number of GPUs (default: the smallest the layout allows).")
-@click.option("--host-memory", type=click.FloatRange(min=0, min_open=True), help="Host RAM per node in GB, for the pinned offloaded optimizer states.")
+@click.option(
+    "--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="GPU memory in GB (1e9 bytes) instead of --gpu."
+)
+@click.option(
+    "--world-size", type=click.IntRange(min=1), help="Number of GPUs (default: the smallest the layout allows)."
+)
+@click.option(
+    "--host-memory",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Host RAM per node in GB, for the pinned offloaded optimizer states.",
+)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--model", "preset", help="Model preset for shape keys the config leaves out (diagnose/data/models.yaml).")
-@click.option("--mcore", "use_mcore", is_flag=True, help="Also build MCore's TransformerConfig / OptimizerConfig and report MCore's own exception.")
-@click.option("--mcore-version", help="Megatron-Core version of the job (default: the installed one, else the newest known).")
+@click.option(
+    "--model", "preset", help="Model preset for shape keys the config leaves out (diagnose/data/models.yaml)."
+)
+@click.option(
+    "--mcore",
+    "use_mcore",
+    is_flag=True,
+    help="Also build MCore's TransformerConfig / OptimizerConfig and report MCore's own exception.",
+)
+@click.option(
+    "--mcore-version", help="Megatron-Core version of the job (default: the installed one, else the newest known)."
+)
 @click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True)
 @click.option("--signatures", "sig_path", type=click.Path(file_okay=False), hidden=True)
 def check(config, overrides, fmt, gpu, gpu_memory, world_size, host_memory, gpus_per_node, preset, use_mcore,
           mcore_version, fail_on, sig_path):
-    """Preflight CONFIG (a run_config.yaml, plain YAML, MLM args dump, or a model preset name) with key=value overrides."""
+    """Preflight CONFIG (a run_config.yaml, plain YAML, MLM args dump, or a model preset name) with
+    key=value overrides."""
     if gpu and gpu_memory:
         raise click.ClickException("give --gpu or --gpu-memory, not both")
     world_size, gpu, gpu_memory, from_settings = _from_settings(world_size, gpu, gpu_memory)

@@ -49,11 +49,11 @@ def complete_category(ctx, param, incomplete: str) -> list:
 def complete_path_or_command(ctx, param, incomplete: str) -> list:
     """The scan's PATHs: files and folders (the shell's own completion), and, for the first word
     after ``diagnose``, the subcommands too (``diagnose ch<TAB>`` -> check)."""
+    import glob
+
     from click.shell_completion import CompletionItem
 
     from . import REGISTRY
-
-    import glob
 
     if ctx.params.get(param.name) or not ctx.meta.get("diagnose.implied_scan"):
         return [CompletionItem(incomplete, type="file")]

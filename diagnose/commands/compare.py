@@ -17,7 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import exitcodes
-from ..compare import FAIL, NOT_CHECKED, PASS, CompareError, Comparison, compare as run_compare
+from ..compare import FAIL, NOT_CHECKED, PASS, CompareError, Comparison
+from ..compare import compare as run_compare
 from .common import load_cfg, load_db, versions_option
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -142,7 +143,9 @@ def plot_png(cmp: Comparison, path: str) -> None:
     common = sorted(i for i in set(cmp.baseline.points) & set(cmp.run.points)
                     if cmp.baseline.points[i][0] is not None and cmp.run.points[i][0] is not None)
     if common:
-        axd.plot(common, [cmp.run.points[i][0] - cmp.baseline.points[i][0] for i in common], "k.-", label="run - baseline")
+        axd.plot(
+            common, [cmp.run.points[i][0] - cmp.baseline.points[i][0] for i in common], "k.-", label="run - baseline"
+        )
     for y in (cmp.max_loss_delta, -cmp.max_loss_delta):
         axd.axhline(y, color="red", linestyle=":", linewidth=1)
     axd.set_ylabel("loss delta")
@@ -186,7 +189,9 @@ def plot_png(cmp: Comparison, path: str) -> None:
               help="GPUs of the jobs (the expected memory drop depends on the optimizer sharding; "
                    "default: from the log's config where it says).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw loss and iteration time to a PNG.")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw loss and iteration time to a PNG."
+)
 @click.option("--chart/--no-chart", default=True, show_default=True, help="Terminal chart under the table (text).")
 @click.option("--mcore-version", help="Megatron-Core version of the jobs (default: the newest known).")
 @click.option("--strict", is_flag=True, help="A criterion that cannot be checked fails the comparison (exit 1).")

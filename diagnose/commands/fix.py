@@ -22,8 +22,8 @@ from ..config.load import ConfigError, load_config
 from ..diagnosis import diagnose_paths
 from ..launch import loop as LP
 from ..launch.base import LaunchError, make_launcher, reads_config_file
-from ..launch.local import split_command
 from ..launch.follow import POLL_S, Follower
+from ..launch.local import split_command
 from ..remedy import causes as C
 from ..remedy import edit as E
 from ..remedy import plan as PL
@@ -81,7 +81,10 @@ def _is_mlm(report) -> bool:
 def _checkpoint_record(path: str) -> bool:
     """``iter_NNNNNNN/run_config.yaml``: a checkpoint's record of the run that saved it."""
     p = Path(path).resolve()
-    return bool(re.fullmatch(r"iter_\d+", p.parent.name)) or (p.parent.parent / "latest_checkpointed_iteration.txt").is_file()
+    return (
+        bool(re.fullmatch(r"iter_\d+", p.parent.name))
+        or (p.parent.parent / "latest_checkpointed_iteration.txt").is_file()
+    )
 
 
 def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launcher_kind, launch_cmd,
@@ -129,9 +132,15 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
         if not plan.causes:
             _err(f"diagnose: preflight of {fix_path}: no problem found", quiet)
     if ctx.world_size:
-        _err(f"diagnose: world size {ctx.world_size}" + (" (from the ranks the log shows, rounded up to the layout; "
-                                                          "give --world-size to be sure)" if ctx.world_inferred else ""),
-             quiet)
+        _err(
+            f"diagnose: world size {ctx.world_size}"
+            + (
+                " (from the ranks the log shows, rounded up to the layout; give --world-size to be sure)"
+                if ctx.world_inferred
+                else ""
+            ),
+            quiet,
+        )
     text = PL.describe(plan)
     if text:
         _err(text, quiet)
@@ -231,7 +240,7 @@ def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind,
 
 
 def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s: float = POLL_S,
-               output: str = None) -> int:
+               output: str | None = None) -> int:
     """Diagnose ``path`` as it grows; stop at the first fatal root cause or on Ctrl-C. The live
     lines go to stdout only with the text report on stdout; with a machine format or ``-o FILE``
     they go to stderr, so stdout (or FILE) holds the report alone."""
@@ -244,9 +253,13 @@ def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s:
         while True:
             for f in fol.poll():
                 h = f.first
-                click.echo(f"{time.strftime('%H:%M:%S')} {f.id} [{f.signature.severity}/{f.signature.role}] "
-                           f"{f.signature.title} ({h.file}:{h.line}" + (f", rank {h.rank}" if h.rank is not None else "")
-                           + f") x{f.count}", err=live_err)
+                click.echo(
+                    f"{time.strftime('%H:%M:%S')} {f.id} [{f.signature.severity}/{f.signature.role}] "
+                    f"{f.signature.title} ({h.file}:{h.line}"
+                    + (f", rank {h.rank}" if h.rank is not None else "")
+                    + f") x{f.count}",
+                    err=live_err,
+                )
                 (sys.stderr if live_err else sys.stdout).flush()
             if fol.fatal() is not None:
                 _err("diagnose: fatal root cause seen; stopped following", quiet)

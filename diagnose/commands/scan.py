@@ -24,7 +24,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
               help="Output format (default: text). Machine formats (json, sarif, junit, github, gitlab, "
                    "markdown) go to stdout, the human summary to stderr.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to FILE (summary on stderr).")
-@click.option("--config", "config_path", type=str, help="The run's config (Bridge run_config.yaml, YAML, or MLM args dump).")
+@click.option(
+    "--config", "config_path", type=str, help="The run's config (Bridge run_config.yaml, YAML, or MLM args dump)."
+)
 @click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
               help="Exit 1 when a finding at or above this severity is found (advice never fails).")
 @click.option("--baseline", "baseline_path", type=str, metavar="FILE",
@@ -52,23 +54,59 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--overrides", "overrides_mode", is_flag=True,
               help="With --fix: print the fix as key=value overrides for run_recipe.py instead of editing "
                    "(with --relaunch: pass them on the command line).")
-@click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes that change the parallel layout or batch semantics.")
+@click.option(
+    "--unsafe-fixes", is_flag=True, help="Also apply fixes that change the parallel layout or batch semantics."
+)
 @click.option("--relaunch", is_flag=True, help="With --fix: relaunch the job, follow it, fix and repeat.")
 @click.option("--launcher", "launcher_kind", type=click.Choice(["local", "slurm"]),
               help="How to relaunch (default: [tool.diagnose] launcher in pyproject.toml / diagnose.toml).")
-@click.option("--launch-cmd", help="The job's command line (local: run without a shell; slurm: script + args, or --wrap).")
+@click.option(
+    "--launch-cmd", help="The job's command line (local: run without a shell; slurm: script + args, or --wrap)."
+)
 @click.option("--max-attempts", type=click.IntRange(min=1), help="Relaunches at most (default 3).")
-@click.option("--history", "history_path", type=str, help="JSON-lines history of attempts (default diagnose-history.jsonl).")
+@click.option(
+    "--history", "history_path", type=str, help="JSON-lines history of attempts (default diagnose-history.jsonl)."
+)
 @click.option("--world-size", type=click.IntRange(min=1), help="GPUs of the job, for computed fixes.")
 @click.option("--gpu", help="GPU name for the memory model (H100, H200, A100-80, B200 ...).")
 @click.option("--gpu-memory", type=float, help="GPU memory in GB (1e9 bytes), instead of --gpu.")
 @click.option("--bridge-version", help="With --fix: Megatron-Bridge version of the job (fixes that depend on it, "
               "e.g. optimizer offload on a fine-tune, are refused while it is unknown).")
-@click.option("--follow", is_flag=True, help="Follow LOG as it grows; diagnose lines as they arrive; stop at a fatal root cause.")
-def scan(paths, fmt, output, config_path, fail_on, baseline_path, write_baseline, engine, mcore_version, baseline_ms,
-         baseline_run,
-         quiet, sig_path, fix_path, dry_run, overrides_mode, unsafe_fixes, relaunch, launcher_kind, launch_cmd,
-         max_attempts, history_path, world_size, gpu, gpu_memory, bridge_version, follow, jobs, details, color):
+@click.option(
+    "--follow", is_flag=True, help="Follow LOG as it grows; diagnose lines as they arrive; stop at a fatal root cause."
+)
+def scan(
+    paths,
+    fmt,
+    output,
+    config_path,
+    fail_on,
+    baseline_path,
+    write_baseline,
+    engine,
+    mcore_version,
+    baseline_ms,
+    baseline_run,
+    quiet,
+    sig_path,
+    fix_path,
+    dry_run,
+    overrides_mode,
+    unsafe_fixes,
+    relaunch,
+    launcher_kind,
+    launch_cmd,
+    max_attempts,
+    history_path,
+    world_size,
+    gpu,
+    gpu_memory,
+    bridge_version,
+    follow,
+    jobs,
+    details,
+    color,
+):
     """Scan training logs and name the one root cause."""
     if fix_path or follow:
         from .fix import run_fix, run_follow

@@ -56,8 +56,11 @@ def show(key):
         raise click.ClickException(f"no signature {key!r} (see: diagnose signatures list)")
     c = Console(width=110, highlight=False)
     c.print(f"[bold]{s.id}[/] ({escape(s.slug)}) — {escape(s.title)}")
-    c.print(f"category {s.category} · severity {s.severity} · role {s.role} · scope {s.scope} · priority {s.priority}"
-            f" · file signatures/{s.file} · version {s.version}" + (f" · verified {s.last_verified}" if s.last_verified else ""))
+    c.print(
+        f"category {s.category} · severity {s.severity} · role {s.role} · scope {s.scope} · priority {s.priority}"
+        f" · file signatures/{s.file} · version {s.version}"
+        + (f" · verified {s.last_verified}" if s.last_verified else "")
+    )
     if s.applies:
         c.print("applies to: " + ", ".join(f"{k} {v}" for k, v in s.applies.items()))
     if s.anchors:
@@ -69,11 +72,17 @@ def show(key):
     if s.metric:
         c.print(f"\n[bold]Metric[/]  {escape(s.metric)}")
     if s.refines:
-        c.print(f"\n[bold]Refines[/]  {', '.join(s.refines)}" + (f"  when captures: {escape(s.when_captures)}" if s.when_captures else ""))
+        c.print(
+            f"\n[bold]Refines[/]  {', '.join(s.refines)}"
+            + (f"  when captures: {escape(s.when_captures)}" if s.when_captures else "")
+        )
     c.print(f"\n[bold]Cause[/]\n  {escape(s.cause)}")
     c.print(f"\n[bold]How to confirm[/]\n  {escape(s.confirm_text)}")
     if s.confirm_when:
-        c.print(f"  config predicate: {escape(s.confirm_when)}" + ("  [dim](also a preflight rule)[/]" if s.preflight else ""))
+        c.print(
+            f"  config predicate: {escape(s.confirm_when)}"
+            + ("  [dim](also a preflight rule)[/]" if s.preflight else "")
+        )
     if s.fixes:
         c.print("\n[bold]Fixes[/]")
         from ..remedy.edits import override
@@ -81,7 +90,10 @@ def show(key):
         for fx in s.fixes:
             c.print(f"  - [{fx.safety}] {escape(fx.text)}")
             for e in fx.edits:
-                c.print(f"      {escape(override(e.key, e.value, e.op)) if e.op in ('set', 'delete') else escape(f'{e.key} {e.op} {e.value}')}")
+                c.print(
+                    "      " + (escape(override(e.key, e.value, e.op)) if e.op in ("set", "delete")
+                                else escape(f"{e.key} {e.op} {e.value}"))
+                )
             if fx.compute:
                 c.print(f"      computed: {fx.compute}")
             if fx.effect:
@@ -134,7 +146,9 @@ def test(ids, verbose):
 @signatures.command("export")
 @click.option("--patterns", "what", flag_value="patterns", default=True,
               help="One pattern per line for grep -E -f / rg -f: every anchor the scan uses, regex-escaped.")
-@click.option("--signatures-only", is_flag=True, help="Leave out the structure parsers' anchors (iteration, timers...).")
+@click.option(
+    "--signatures-only", is_flag=True, help="Leave out the structure parsers' anchors (iteration, timers...)."
+)
 @click.option("--mcore-version", help="Only signatures that apply to this Megatron-Core version (default: all).")
 def export(what, signatures_only, mcore_version):
     """Export the database for other tools: ``--patterns`` (the default) for grep and ripgrep.

@@ -90,7 +90,7 @@ def load_config(path: str, strict: bool = False) -> RunConfig:
     if "------------------------ arguments ------------------------" in text:
         return _from_log_text(text, path)
     try:
-        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(text, Loader=_UniqueKeyLoader)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
@@ -103,7 +103,9 @@ def load_config(path: str, strict: bool = False) -> RunConfig:
     if doc is None:
         raise ConfigError(f"{path}: empty config")
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, optimizer:, ...), got {type(doc).__name__}")
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections (model:, optimizer:, ...), got {type(doc).__name__}"
+        )
     _check_expansion(doc, path)
     data = strip_targets(doc)
     if not isinstance(data, dict):

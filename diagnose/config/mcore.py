@@ -25,7 +25,6 @@ import importlib
 import traceback
 import warnings
 from dataclasses import dataclass
-from typing import Optional
 
 from ..db import Database, applies_to
 from ..match.engine import line_matches
@@ -43,7 +42,7 @@ class MCoreResult:
     exc_type: str
     message: str
     source_line: str  # the source line that raised (MCore's file), for bare asserts
-    signature: Optional[Signature]  # the database's name for it, or None
+    signature: Signature | None  # the database's name for it, or None
     environment: bool = False  # MCore could not check on this machine (ImportError ...): not a finding
 
     @property
@@ -51,7 +50,7 @@ class MCoreResult:
         return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
 
 
-def version() -> Optional[str]:
+def version() -> str | None:
     """The installed megatron-core version, without importing it (importing takes seconds)."""
     try:
         from importlib.metadata import PackageNotFoundError
@@ -97,7 +96,7 @@ def _convert(value):
     return value
 
 
-def _kwargs(klass, section: Optional[dict]) -> dict:
+def _kwargs(klass, section: dict | None) -> dict:
     names = {f.name for f in dataclasses.fields(klass) if f.init}
     out = {}
     for k, v in (section or {}).items():
@@ -175,7 +174,7 @@ def _raising_line(exc: BaseException) -> str:
 
 
 def name_exception(db: Database, exc_type: str, message: str, source_line: str,
-                   versions: dict) -> Optional[Signature]:
+                   versions: dict) -> Signature | None:
     """The line signature that names this exception (version-applicable ones first)."""
     lines = [f"{exc_type}: {message}" if message else exc_type]
     if source_line:
@@ -188,7 +187,7 @@ def name_exception(db: Database, exc_type: str, message: str, source_line: str,
     return max(applicable, key=lambda s: (s.priority, -cands.index(s)))
 
 
-def validate(cfg: RunConfig, db: Database, versions: Optional[dict] = None) -> list[MCoreResult]:
+def validate(cfg: RunConfig, db: Database, versions: dict | None = None) -> list[MCoreResult]:
     """Build MCore's configs from ``cfg``; one result per config object that MCore refused."""
     TransformerConfig, OptimizerConfig = _classes()
     versions = dict(versions or {})

@@ -46,7 +46,6 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -97,10 +96,18 @@ class MemoryEstimate:
     def as_dict(self) -> dict:
         r = lambda x: round(x, 3)  # noqa: E731
         return {
-            "per_gpu_gb": r(self.per_gpu_gb), "peak_gb": r(self.peak_gb), "capacity_gb": r(self.capacity_gb),
-            "margin_gb": r(self.margin_gb), "fits": self.fits, "host_gb": r(self.host_gb),
-            "pinned_gb": r(self.pinned_gb), "breakdown": {k: r(v) for k, v in self.breakdown.items()}, "world_size": self.world_size,
-            "stage": self.stage, "gpu": self.gpu, "notes": list(self.notes),
+            "per_gpu_gb": r(self.per_gpu_gb),
+            "peak_gb": r(self.peak_gb),
+            "capacity_gb": r(self.capacity_gb),
+            "margin_gb": r(self.margin_gb),
+            "fits": self.fits,
+            "host_gb": r(self.host_gb),
+            "pinned_gb": r(self.pinned_gb),
+            "breakdown": {k: r(v) for k, v in self.breakdown.items()},
+            "world_size": self.world_size,
+            "stage": self.stage,
+            "gpu": self.gpu,
+            "notes": list(self.notes),
         }
 
     def metrics(self) -> dict:
@@ -133,7 +140,7 @@ def presets() -> dict:
     return yaml.safe_load((DATA / "models.yaml").read_text(encoding="utf-8"))["models"]
 
 
-def find_preset(name: str) -> Optional[dict]:
+def find_preset(name: str) -> dict | None:
     key = str(name).strip().lower()
     ps = presets()
     if key in ps:
@@ -144,7 +151,7 @@ def find_preset(name: str) -> Optional[dict]:
     return None
 
 
-def fill_from_preset(cfg: RunConfig, name: Optional[str] = None) -> tuple[RunConfig, Optional[str], list]:
+def fill_from_preset(cfg: RunConfig, name: str | None = None) -> tuple[RunConfig, str | None, list]:
     """Shape keys the config leaves out (or null), from a preset (``name``, else model.hf_model_id).
 
     Returns (config, the preset's name or None, the keys filled in)."""
@@ -197,7 +204,7 @@ def smallest_world(tp, pp, cp, ep, etp) -> int:
     return math.lcm(tp * pp * cp, etp * ep * pp)
 
 
-def _layout(cfg: RunConfig, world_size: Optional[int], notes: list) -> _Layout:
+def _layout(cfg: RunConfig, world_size: int | None, notes: list) -> _Layout:
     tp = _int(cfg, "model.tensor_model_parallel_size", 1) or 1
     pp = _int(cfg, "model.pipeline_model_parallel_size", 1) or 1
     cp = _int(cfg, "model.context_parallel_size", 1) or 1
@@ -236,7 +243,7 @@ def _moe_pattern(cfg: RunConfig, L: int, E: int) -> list:
     return [1 if i % freq == 0 else 0 for i in range(L)]
 
 
-def _stage_layers(L: int, pp: int, vpp: int, stage: int, first: Optional[int], last: Optional[int]) -> list:
+def _stage_layers(L: int, pp: int, vpp: int, stage: int, first: int | None, last: int | None) -> list:
     """Layer indices held by pipeline ``stage`` (interleaved chunks with VPP; uneven first/last)."""
     if pp == 1:
         return list(range(L))
@@ -254,7 +261,7 @@ def _stage_layers(L: int, pp: int, vpp: int, stage: int, first: Optional[int], l
             start += n
         a, b = bounds[stage]
         return list(range(a, b))
-    chunk = L // (pp * vpp) if L >= pp * vpp else 0
+    chunk = L // (pp * vpp) if pp * vpp <= L else 0
     if chunk == 0:
         per = L // pp
         return list(range(stage * per, (stage + 1) * per))
@@ -336,7 +343,9 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
     if cfg.get("optimizer.use_precision_aware_optimizer"):
         # MCore OptimizerConfig: main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype (fp32 by default)
         master = _dtype_bytes(cfg.get("optimizer.main_params_dtype"), 4) if param_bytes <= 2 else 0
-        moments = _dtype_bytes(cfg.get("optimizer.exp_avg_dtype"), 4) + _dtype_bytes(cfg.get("optimizer.exp_avg_sq_dtype"), 4)
+        moments = _dtype_bytes(cfg.get("optimizer.exp_avg_dtype"), 4) + _dtype_bytes(
+            cfg.get("optimizer.exp_avg_sq_dtype"), 4
+        )
         notes.append(f"precision-aware optimizer: master {master} B, Adam moments {moments} B per parameter")
     # the gradient buffer: fp32 with ddp.grad_reduce_in_fp32 (Bridge's recipes set it), else the
     # parameters' dtype (MCore's default); not given: fp32, the larger
@@ -362,7 +371,9 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
     gran = cfg.get("model.recompute_granularity")
     method = cfg.get("model.recompute_method")
     r_layers = _int(cfg, "model.recompute_num_layers", 1) or 1
-    act_offload = bool(cfg.get("model.cpu_offloading")) and cfg.get("model.cpu_offloading_activations", True) is not False
+    act_offload = (
+        bool(cfg.get("model.cpu_offloading")) and cfg.get("model.cpu_offloading_activations", True) is not False
+    )
     n_off = max(0, _int(cfg, "model.cpu_offloading_num_layers", 0) or 0) if act_offload else 0
     sel_modules = cfg.get("model.recompute_modules") or ["core_attn"]
     if gran == "selective":

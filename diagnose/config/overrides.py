@@ -18,7 +18,7 @@ refused. Every error is one line naming the override, raised as ``ConfigError`` 
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 from .load import ConfigError
 from .runconfig import RunConfig, normalize
@@ -64,7 +64,7 @@ def _plain(v):
 
 
 def apply_overrides(cfg: RunConfig, overrides: Iterable[str],
-                    known: Optional[Callable[[str], bool]] = None) -> tuple[RunConfig, list[str]]:
+                    known: Callable[[str], bool] | None = None) -> tuple[RunConfig, list[str]]:
     """Apply ``overrides`` to a copy of ``cfg``. Returns (config, notes).
 
     ``known(dotted)`` tells whether Bridge's config has that field even where the file does not

@@ -14,7 +14,6 @@ rule (three-valued predicates, diagnose/predicate.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .. import predicate as P
 from ..db import Database, applies_to
@@ -25,7 +24,7 @@ from .runconfig import RunConfig
 
 @dataclass
 class CheckFinding:
-    signature: Optional[Signature]  # None: MCore refused the config with a message no signature knows
+    signature: Signature | None  # None: MCore refused the config with a message no signature knows
     source: str  # "static" | "mcore"
     evidence: str  # "model.cpu_offloading = True; ..." or MCore's exception line
     overrides: list = field(default_factory=list)
@@ -33,7 +32,7 @@ class CheckFinding:
     severity: str = "error"
 
     @property
-    def id(self) -> Optional[str]:
+    def id(self) -> str | None:
         return self.signature.id if self.signature else None
 
     @property
@@ -51,7 +50,7 @@ def rule_signatures(db: Database, versions: dict) -> list[Signature]:
             if s.confirm_when and (s.preflight or s.scope == "config") and applies_to(s, versions)]
 
 
-def roots(cfg: RunConfig, metrics: Optional[dict] = None) -> dict:
+def roots(cfg: RunConfig, metrics: dict | None = None) -> dict:
     r = dict(cfg.data)
     r["metrics"] = {**(r.get("metrics") or {}), **(metrics or {})}
     return r
@@ -72,7 +71,7 @@ def fix_overrides(sig: Signature, cfg: RunConfig, rts: dict) -> list[str]:
     return []
 
 
-def evaluate(cfg: RunConfig, db: Database, versions: dict, metrics: Optional[dict] = None) -> list[CheckFinding]:
+def evaluate(cfg: RunConfig, db: Database, versions: dict, metrics: dict | None = None) -> list[CheckFinding]:
     rts = roots(cfg, metrics)
     out = []
     for sig in rule_signatures(db, versions):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -25,7 +25,7 @@ def mlm_map() -> dict:
 
 
 class RunConfig:
-    def __init__(self, data: Optional[dict] = None, source: str = ""):
+    def __init__(self, data: dict | None = None, source: str = ""):
         self.data: dict = data or {}
         self.source = source
 
@@ -55,14 +55,14 @@ class RunConfig:
                 return
         cur.pop(parts[-1], None)
 
-    def copy(self) -> "RunConfig":
+    def copy(self) -> RunConfig:
         return RunConfig(copy.deepcopy(self.data), self.source)
 
     def __bool__(self):
         return bool(self.data)
 
     # merging ---------------------------------------------------------------------------------
-    def merge(self, other: "RunConfig") -> "RunConfig":
+    def merge(self, other: RunConfig) -> RunConfig:
         """Values of ``other`` fill in (and override) this one's."""
         def rec(a: dict, b: dict):
             for k, v in b.items():
@@ -75,7 +75,7 @@ class RunConfig:
         out.source = ", ".join(s for s in (self.source, other.source) if s)
         return out
 
-    def differences(self, other: "RunConfig") -> list:
+    def differences(self, other: RunConfig) -> list:
         """(key, this value, other's value) for every leaf key both have with different values."""
         out = []
 
@@ -129,7 +129,7 @@ def from_bridge_summary(doc: dict, source: str = "") -> RunConfig:
     return normalize(RunConfig({k: dict(v) for k, v in doc.items() if isinstance(v, dict)}, source))
 
 
-def from_log_blocks(blocks: list) -> Optional[RunConfig]:
+def from_log_blocks(blocks: list) -> RunConfig | None:
     """The config the job printed, merged in order of reliability (summary is post-validation).
     A log of a job restarted many times prints its config each time: the last block of each kind
     is the run that failed last, and the only one read (linear in the log, whatever the restarts)."""

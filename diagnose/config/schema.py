@@ -18,7 +18,7 @@ import sys
 import typing
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -123,7 +123,7 @@ def _schema(with_mcore: bool) -> dict:
     return out
 
 
-def key_type(dotted: str) -> Optional[str]:
+def key_type(dotted: str) -> str | None:
     """The type of a known key, "section" for a section, or None for an unknown key."""
     sch = schema()
     parts = dotted.split(".")
@@ -159,7 +159,7 @@ def declared(dotted: str) -> bool:
     return len(parts) == 2 and isinstance(keys, dict) and parts[1] in keys
 
 
-def _check_type(path: str, t: str, v: Any) -> Optional[str]:
+def _check_type(path: str, t: str, v: Any) -> str | None:
     if v is None or t == "any":
         return None
     ok = {
@@ -184,7 +184,7 @@ _AT_LEAST_ONE = re.compile(r"(?:^|_)(?:parallel_size|num_layers|num_attention_he
                            r"global_batch_size|vocab_size|num_moe_experts|moe_router_topk|train_iters)$")
 
 
-def _check_value(path: str, v: Any) -> Optional[str]:
+def _check_value(path: str, v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     if isinstance(v, float) and not math.isfinite(v):

@@ -10,7 +10,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 
 class LaunchError(Exception):
@@ -26,8 +25,8 @@ class Job:
     log_path: Path
     started: float  # time.time()
     handle: object = None  # the backend's own state (Popen, ...)
-    ended: Optional[float] = None
-    exit_code: Optional[int] = None
+    ended: float | None = None
+    exit_code: int | None = None
     state: str = "STARTING"
     extra: dict = field(default_factory=dict)
 
@@ -41,7 +40,7 @@ class Launcher(ABC):
         (stdout and stderr) goes to ``log_path`` (or to the file the scheduler writes)."""
 
     @abstractmethod
-    def poll(self, job: Job) -> Optional[int]:
+    def poll(self, job: Job) -> int | None:
         """None while the job runs; its exit code once it has ended."""
 
     def log_path(self, job: Job) -> Path:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
 from ..analyze.findings import Findings
 from ..db import Database, load
@@ -37,8 +36,8 @@ HEAD_BYTES = 256  # compared on every poll to tell a rewritten file from a grown
 
 
 class Follower:
-    def __init__(self, path: str | os.PathLike, db: Optional[Database] = None, config=None,
-                 versions: Optional[dict] = None, name: Optional[str] = None):
+    def __init__(self, path: str | os.PathLike, db: Database | None = None, config=None,
+                 versions: dict | None = None, name: str | None = None):
         self.path = Path(path)
         self.name = name or str(path)
         self.db = db or load()
@@ -52,7 +51,7 @@ class Follower:
         self._head = b""  # the first bytes read: a file rewritten in place shows other bytes there
         self.closed = False
         self.res = self._fresh()
-        self.first_fatal_at: Optional[float] = None  # monotonic time the fatal line was read
+        self.first_fatal_at: float | None = None  # monotonic time the fatal line was read
 
     def _fresh(self) -> ScanResult:
         return ScanResult(Findings(), S.Structure(), [], engine=self.scanner.engine.name)
@@ -71,11 +70,10 @@ class Follower:
             self._restart()  # replaced or truncated
         self._ino = st.st_ino
         with open(self.path, "rb") as fh:
-            if self._head:
-                # truncated and grown again past where we were between two polls (a job restarted
-                # into the same file, `>` instead of `>>`): the first bytes differ; read it anew
-                if fh.read(len(self._head)) != self._head:
-                    self._restart()
+            # truncated and grown again past where we were between two polls (a job restarted into
+            # the same file, `>` instead of `>>`): the first bytes differ; read it anew
+            if self._head and fh.read(len(self._head)) != self._head:
+                self._restart()
             start = self.offset + len(self.carry)
             if st.st_size <= start:
                 return b""
@@ -121,7 +119,7 @@ class Follower:
                     self.first_fatal_at = time.monotonic()
         return out
 
-    def fatal(self) -> Optional[Finding]:
+    def fatal(self) -> Finding | None:
         """The earliest root-cause finding of severity error seen so far, or None."""
         cands = [f for f in self.res.findings.all() if is_fatal(f)]
         return min(cands, key=lambda f: f.first.order) if cands else None

@@ -15,9 +15,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
-from .base import Job, LaunchError, Launcher
+from .base import Job, Launcher, LaunchError
 
 LEADER_GRACE_S = 0.3  # after the ranks are gone, how long torchrun may take to exit on SIGTERM
 
@@ -38,7 +37,7 @@ def split_command(command) -> list[str]:
 class LocalLauncher(Launcher):
     name = "local"
 
-    def __init__(self, command, cwd: Optional[str] = None, env: Optional[dict] = None, **_):
+    def __init__(self, command, cwd: str | None = None, env: dict | None = None, **_):
         self.argv = split_command(command)
         self.cwd = cwd
         self.env = env
@@ -65,8 +64,8 @@ class LocalLauncher(Launcher):
         return Job(job_id=str(proc.pid), command=argv, log_path=log_path, started=time.time(),
                    handle=(proc, fh), state="RUNNING")
 
-    def poll(self, job: Job) -> Optional[int]:
-        proc, fh = job.handle
+    def poll(self, job: Job) -> int | None:
+        proc, _fh = job.handle
         rc = proc.poll()
         if rc is None:
             return None
@@ -81,7 +80,7 @@ class LocalLauncher(Launcher):
             job.handle[1].close()
 
     @staticmethod
-    def _procs() -> Optional[dict]:
+    def _procs() -> dict | None:
         """pid -> (ppid, pgid, running) from /proc (None where /proc is missing). Zombies (dead,
         waiting to be reaped) are not running."""
         try:

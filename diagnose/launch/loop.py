@@ -19,10 +19,10 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional
 
 from .. import exitcodes
 from ..config.runconfig import RunConfig
@@ -30,9 +30,8 @@ from ..db import Database
 from ..model import Report
 from ..remedy import edit as E
 from ..remedy import plan as PL
-from .base import Job, LaunchError, Launcher
+from .base import Job, Launcher, LaunchError
 from .follow import POLL_S, Follower
-
 
 # --- stop signals --------------------------------------------------------------------------------
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -108,7 +107,7 @@ class History:
         return out
 
 
-def root_json(report: Optional[Report]) -> Optional[dict]:
+def root_json(report: Report | None) -> dict | None:
     if report is None or report.root_cause is None:
         return None
     rc = report.root_cause
@@ -117,7 +116,7 @@ def root_json(report: Optional[Report]) -> Optional[dict]:
             "file": rc.hit.file, "line": rc.hit.line, "rank": rc.hit.rank, "text": rc.hit.text[:500]}
 
 
-def healthy(report: Report, exit_code: Optional[int]) -> bool:
+def healthy(report: Report, exit_code: int | None) -> bool:
     rc = report.root_cause
     return exit_code == 0 and (rc is None or rc.finding.signature.severity != "error")
 
@@ -126,15 +125,15 @@ def healthy(report: Report, exit_code: Optional[int]) -> bool:
 @dataclass
 class Watched:
     report: Report
-    exit_code: Optional[int]
+    exit_code: int | None
     stopped_early: bool = False
-    detect_to_end_s: Optional[float] = None  # fatal line read -> job gone
+    detect_to_end_s: float | None = None  # fatal line read -> job gone
     seconds: float = 0.0
 
 
-def watch(launcher: Launcher, job: Job, db: Database, config: Optional[RunConfig] = None,
+def watch(launcher: Launcher, job: Job, db: Database, config: RunConfig | None = None,
           echo: Callable[[str], None] = lambda s: None, poll_s: float = POLL_S,
-          timeout_s: Optional[float] = None) -> Watched:
+          timeout_s: float | None = None) -> Watched:
     """Follow ``job``'s log until it ends, or end it the moment a fatal root cause appears."""
     fol = Follower(launcher.log_path(job), db, config)
     t0 = time.monotonic()
@@ -174,7 +173,7 @@ class Step:
     """What one attempt applies."""
 
     plan: PL.Plan
-    report: Optional[Report] = None  # the failed run the plan came from (None: preflight)
+    report: Report | None = None  # the failed run the plan came from (None: preflight)
 
 
 @dataclass
@@ -186,11 +185,11 @@ class LoopResult:
 
 
 class RelaunchLoop:
-    def __init__(self, db: Database, launcher: Launcher, config_path: Optional[Path], history: History,
+    def __init__(self, db: Database, launcher: Launcher, config_path: Path | None, history: History,
                  log_dir: Path, max_attempts: int = 3, use_overrides: bool = False,
-                 allow_unsafe: bool = False, planner: Optional[Callable[[Report, RunConfig], PL.Plan]] = None,
+                 allow_unsafe: bool = False, planner: Callable[[Report, RunConfig], PL.Plan] | None = None,
                  echo: Callable[[str], None] = lambda s: None, poll_s: float = POLL_S,
-                 timeout_s: Optional[float] = None, load_config: Optional[Callable[[], RunConfig]] = None):
+                 timeout_s: float | None = None, load_config: Callable[[], RunConfig] | None = None):
         self.db, self.launcher, self.config_path = db, launcher, config_path
         self.history, self.log_dir = history, Path(log_dir)
         self.max_attempts, self.use_overrides, self.allow_unsafe = max_attempts, use_overrides, allow_unsafe
@@ -201,7 +200,7 @@ class RelaunchLoop:
         self.fixed: set[str] = set()  # root causes this loop has applied a fix for
         self.changed_any = False
 
-    def _config(self) -> Optional[RunConfig]:
+    def _config(self) -> RunConfig | None:
         cfg = self.load_config() if self.load_config else None
         if cfg is not None and self._applied:
             cfg = PL.with_changes(cfg, list(self._applied.items()))
@@ -233,8 +232,9 @@ class RelaunchLoop:
             plan = step.plan
             status = plan.status
             if status == "unsafe":
-                return LoopResult(exitcodes.UNSAFE_REFUSED, attempt, "the only fix is unsafe; rerun with --unsafe-fixes",
-                                  records)
+                return LoopResult(
+                    exitcodes.UNSAFE_REFUSED, attempt, "the only fix is unsafe; rerun with --unsafe-fixes", records
+                )
             if status == "no_fix":
                 return LoopResult(exitcodes.NO_FIX, attempt, "no fix known for " +
                                   ", ".join(s.id for s, _ in plan.no_fix) if plan.no_fix else "no fix known", records)

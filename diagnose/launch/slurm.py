@@ -1,7 +1,8 @@
 """Slurm launcher: ``sbatch`` the user's script (or ``--wrap`` a command), follow its output file.
 
 * Submission: when the launch command's first word is a batch script (a file with a shebang,
-  named ``*.sh`` / ``*.sbatch`` / ``*.slurm`` or holding ``#SBATCH`` lines), the rest are its arguments: ``sbatch --parsable --output=LOG [sbatch_args] SCRIPT ARGS... OVERRIDES``
+  named ``*.sh`` / ``*.sbatch`` / ``*.slurm`` or holding ``#SBATCH`` lines), the rest are its
+  arguments: ``sbatch --parsable --output=LOG [sbatch_args] SCRIPT ARGS... OVERRIDES``
   (argv, no shell on our side). Otherwise the command is submitted with ``--wrap``; every
   argument, the fix's overrides included, is quoted with ``shlex.quote`` so the shell Slurm
   starts sees each one as a single word.
@@ -18,9 +19,8 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
-from .base import Job, LaunchError, Launcher
+from .base import Job, Launcher, LaunchError
 from .local import split_command
 
 POLL_STATE_S = 0.5  # squeue/scontrol at most this often per job
@@ -49,7 +49,7 @@ def _run(argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
 class SlurmLauncher(Launcher):
     name = "slurm"
 
-    def __init__(self, command, sbatch_args: Optional[list] = None, cwd: Optional[str] = None, **_):
+    def __init__(self, command, sbatch_args: list | None = None, cwd: str | None = None, **_):
         self.argv = split_command(command)
         if self.argv[0] == "sbatch":  # "sbatch job.sh args" is accepted and means "job.sh args"
             self.argv = self.argv[1:]
@@ -100,7 +100,7 @@ class SlurmLauncher(Launcher):
         return job
 
     # --- state -----------------------------------------------------------------------------------
-    def _squeue(self, job_id: str) -> Optional[str]:
+    def _squeue(self, job_id: str) -> str | None:
         cp = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
         if cp.returncode != 0:
             return None
@@ -122,7 +122,7 @@ class SlurmLauncher(Launcher):
         state, _, code = cp.stdout.strip().splitlines()[0].partition("|")
         return {"JobState": state.split()[0], "ExitCode": code}
 
-    def state(self, job: Job) -> tuple[str, Optional[int]]:
+    def state(self, job: Job) -> tuple[str, int | None]:
         """(state, exit code or None)."""
         st = self._squeue(job.job_id)
         if st in ACTIVE and st not in ("COMPLETING",):
@@ -138,7 +138,7 @@ class SlurmLauncher(Launcher):
             return state, (rc if rc else (128 + sig if sig else (0 if state == "COMPLETED" else 1)))
         return state, (0 if state == "COMPLETED" else 1)
 
-    def poll(self, job: Job) -> Optional[int]:
+    def poll(self, job: Job) -> int | None:
         """The job's exit code once it has ended. The controller is asked at most every
         POLL_STATE_S (the log itself is followed much more often)."""
         if job.ended is not None:

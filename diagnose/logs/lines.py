@@ -8,14 +8,16 @@ import calendar
 import datetime as _dt
 import re
 from functools import lru_cache
-from typing import Optional
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 # Launcher prefixes, outermost first. Each strips one layer and may name a rank.
 _PREFIXES = [
     # a timestamp (and host) a log shipper or `ts` put in front: "2026-01-09 17:40:31.169 master-0 >> "
-    (re.compile(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+(?:[\w.\-]+ >> )?"), "time"),
+    (
+        re.compile(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+(?:[\w.\-]+ >> )?"),
+        "time",
+    ),
     # a colour code whose ESC byte a paste lost: "[36m(WorkerDict pid=1) ..."
     (re.compile(r"^\[\d{1,3}(?:;\d{1,3})*m"), "time"),
     # a clock alone: "21:39:56.349 "
@@ -83,7 +85,7 @@ def _one_of(prefixes):
 _ANY_PREFIX, _PREFIX_KIND = _one_of(_PREFIXES)
 
 
-def split_prefix(line: str) -> tuple[Optional[int], str]:
+def split_prefix(line: str) -> tuple[int | None, str]:
     """(rank or None, message without the launcher prefixes)."""
     rank = task = local = None
     rest = line
@@ -124,7 +126,7 @@ def prefix_key(line: str) -> str:
     return " ".join(key)
 
 
-def timestamp(line: str, year: Optional[int] = None) -> Optional[float]:
+def timestamp(line: str, year: int | None = None) -> float | None:
     """Seconds since the epoch (UTC, naive) for the first timestamp in ``line``, if any."""
     for pat, kind in _TS:
         m = pat.search(line)

@@ -25,9 +25,9 @@ import select
 import stat
 import sys
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 CHUNK = 8 << 20  # bytes read at a time
 GZIP_MAGIC = b"\x1f\x8b"  # a compressed stream is detected by content, not by name
@@ -50,7 +50,7 @@ class InputError(Exception):
 @dataclass(frozen=True)
 class Source:
     name: str  # what reports show: the path as given (or "-")
-    path: Optional[Path]  # None for stdin
+    path: Path | None  # None for stdin
 
 
 @dataclass
@@ -60,8 +60,8 @@ class Chunk:
     offset: int  # byte offset of data in the (decompressed) source
     # the newlines in data, when the consumer counted them on its way (the scan does): the
     # reader then need not count them again for the next chunk's first_line
-    newlines: Optional[int] = None
-    size: Optional[int] = None  # bytes of the source this chunk stands for (data may be shorter: normalize)
+    newlines: int | None = None
+    size: int | None = None  # bytes of the source this chunk stands for (data may be shorter: normalize)
 
 
 BINARY_PROBE = 8192  # bytes looked at to tell a binary file (a checkpoint, an image) from a log
@@ -184,7 +184,7 @@ def _open_fifo(path: Path):
             raise InputError(f"named pipe (FIFO) sent no data within {wait:g} s (no writer?), skipped; "
                              "set DIAGNOSE_FIFO_TIMEOUT to wait longer")
         os.set_blocking(fd, True)
-        return open(fd, "rb")  # noqa: SIM115 - closed by read_chunks
+        return open(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
@@ -210,7 +210,7 @@ class _Gunzip:
         self.buf, self.pos = b"", 0
         self.in_member = False
         self.done = False
-        self.err: Optional[Exception] = None
+        self.err: Exception | None = None
 
     def read(self, n: int) -> bytes:
         out, got = [], 0
@@ -341,7 +341,7 @@ def normalize(data: bytes) -> bytes:
 PROBE = 64 << 10  # bytes looked at, before a chunk's planned end, for the last newline
 
 
-def _regular_fd(raw) -> Optional[int]:
+def _regular_fd(raw) -> int | None:
     """The descriptor of a regular, uncompressed file (one that ``os.pread`` can look ahead in)."""
     try:
         fd = raw.fileno()
@@ -366,7 +366,7 @@ def _whole_lines(fd: int, pos: int, size: int) -> int:
     return size if k < 0 else size - PROBE + k + 1
 
 
-def splittable(path: Path) -> Optional[int]:
+def splittable(path: Path) -> int | None:
     """The size of ``path`` when pieces of it can be scanned apart (a regular, uncompressed
     file), else None."""
     try:
@@ -378,7 +378,7 @@ def splittable(path: Path) -> Optional[int]:
         return None
 
 
-def split_points(path: Path, pieces: int, chunk_size: Optional[int] = None) -> list:
+def split_points(path: Path, pieces: int, chunk_size: int | None = None) -> list:
     """Offsets that cut ``path`` into about ``pieces`` parts of whole chunks: each is where a
     chunk of a serial read ends at a newline, so a reader that starts there reads the very
     chunks a serial read gives (the same lines, the same sampling). Walks the serial reads with
@@ -430,8 +430,8 @@ def count_newlines(path: Path, start: int, end: int, block: int = 8 << 20) -> in
     return n
 
 
-def read_chunks(source: Source, notes: list, chunk_size: Optional[int] = None, start: int = 0,
-                end: Optional[int] = None, first_line: int = 1) -> Iterator[Chunk]:
+def read_chunks(source: Source, notes: list, chunk_size: int | None = None, start: int = 0,
+                end: int | None = None, first_line: int = 1) -> Iterator[Chunk]:
     """Stream ``source`` as chunks of whole lines; read errors end the file with a note.
 
     ``start`` / ``end`` / ``first_line``: a piece of a regular, uncompressed file, from one of

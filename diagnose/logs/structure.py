@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import ast
 import re
-import time
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from .lines import clean, prefix_key, split_prefix, timestamp
 
@@ -135,33 +135,33 @@ _FLOAT = re.compile(r"-?(?:\d{1,300}\.\d{0,300}|\.\d{1,300})(?:[eE][-+]?\d{1,3})
 class IterationPoint:
     iteration: int
     train_iters: int
-    elapsed_ms: Optional[float]
+    elapsed_ms: float | None
     fields: dict
     file: str
     line: int
-    time: Optional[float]
+    time: float | None
 
 
 @dataclass
 class Traceback:
     file: str
     line: int  # line of the exception; of the last frame when the log cut it before the exception
-    rank: Optional[int]
-    exc_type: Optional[str] = None  # None: the traceback lost its exception line (cut log)
+    rank: int | None
+    exc_type: str | None = None  # None: the traceback lost its exception line (cut log)
     message: str = ""
     text: str = ""
     frames: list = field(default_factory=list)  # "File ..., line N, in func" lines, outermost first
     source: list = field(default_factory=list)  # the source lines under the frames (same order)
-    headless: Optional[tuple] = None  # (prefix key, first line) of one that began at a frame line
+    headless: tuple | None = None  # (prefix key, first line) of one that began at a frame line
     start: int = 0  # the line it starts at (its header, or its first frame)
 
 
 @dataclass
 class TorchrunFailure:
     section: str  # "failure" | "root"
-    rank: Optional[int] = None
-    local_rank: Optional[int] = None
-    exitcode: Optional[int] = None
+    rank: int | None = None
+    local_rank: int | None = None
+    exitcode: int | None = None
     host: str = ""
     time: str = ""
     error_file: str = ""
@@ -188,7 +188,7 @@ class Structure:
     torchrun: list = field(default_factory=list)  # TorchrunFailure
     config_blocks: list = field(default_factory=list)  # (kind, file, line, dict)
     step_times: list = field(default_factory=list)
-    year: Optional[int] = None  # from the first dated line: glog timestamps (E1130 ...) carry none
+    year: int | None = None  # from the first dated line: glog timestamps (E1130 ...) carry none
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
     # (file, prefix key) -> the last line a traceback reader took: a frame line up to there is
@@ -270,8 +270,8 @@ def _is_bad(v: str) -> bool:
 class _Fields:
     """How one kind of line spells its ``| key: value`` fields (iteration or memory lines)."""
 
-    regex: "re.Pattern"  # the field regex: what the split below must give, on any input
-    key: "re.Pattern"  # a well-formed field name
+    regex: re.Pattern  # the field regex: what the split below must give, on any input
+    key: re.Pattern  # a well-formed field name
     value_ok: Callable[[str], bool]  # a well-formed value (the text after the colon)
     skip: int  # parts before the first field (memory fields follow a "|")
     names: dict = field(default_factory=dict)  # raw name -> the interned name, or None (not a name)
@@ -304,7 +304,7 @@ def _split_fields(rest: str, spec: _Fields) -> list:
     return out
 
 
-def parse_iteration(text: str, file: str, line: int, want_time: bool = True) -> Optional[IterationPoint]:
+def parse_iteration(text: str, file: str, line: int, want_time: bool = True) -> IterationPoint | None:
     """An iteration line (MLM and Bridge formats). ``want_time=False`` skips the timestamp, which
     only dates glog lines (Structure.year): the first dated iteration line is enough."""
     m = _ITER.search(text)
@@ -316,12 +316,12 @@ def parse_iteration(text: str, file: str, line: int, want_time: bool = True) -> 
                           timestamp(text) if want_time else None)
 
 
-def iteration_year(p: Optional[IterationPoint]) -> Optional[int]:
+def iteration_year(p: IterationPoint | None) -> int | None:
     """The year an iteration line is dated in (it dates the glog lines after it), if any."""
     return time.gmtime(p.time).tm_year if p is not None and p.time is not None else None
 
 
-def parse_memory(text: str) -> Optional[dict]:
+def parse_memory(text: str) -> dict | None:
     m = _MEM_HEAD.search(text)
     if not m:
         return None
@@ -348,7 +348,7 @@ def parse_memory(text: str) -> Optional[dict]:
 MAX_CONFIG_BLOCKS = 4  # per kind: a job restarted 4,000 times printed its config 4,000 times
 
 
-def add_config_block(s: "Structure", block: tuple):
+def add_config_block(s: Structure, block: tuple):
     """Keep the config block; of each kind only the last MAX_CONFIG_BLOCKS (runconfig.from_log_blocks
     reads the last one), so memory does not grow with the restarts."""
     s.config_blocks.append(block)
@@ -363,7 +363,7 @@ class Block:
     max_lines = 2000
 
     @staticmethod
-    def wanted(structure: "Structure", file: str, line: int, first: str) -> bool:
+    def wanted(structure: Structure, file: str, line: int, first: str) -> bool:
         """Does a hit of the start anchor on this line start a block? (default: always)"""
         return True
 
@@ -473,9 +473,7 @@ class TracebackBlock(Block):
                                                    msg, list(self.frames), list(self.source), self._headless(),
                                                    self.start_line))
             return False
-        if stripped.startswith(("During handling", "The above exception")):
-            return True
-        return False
+        return bool(stripped.startswith(("During handling", "The above exception")))
 
     def finish(self):
         # the traceback ended without an exception line: the log was cut, or the process died
@@ -488,7 +486,7 @@ class TracebackBlock(Block):
                                                list(self.frames), list(self.source), self._headless(),
                                                self.start_line))
 
-    def _headless(self) -> Optional[tuple]:
+    def _headless(self) -> tuple | None:
         return None
 
 
@@ -496,7 +494,7 @@ class FrameBlock(TracebackBlock):
     """A traceback whose header the paste lost: it starts at a frame line that no traceback
     reader has taken."""
 
-    def _headless(self) -> Optional[tuple]:
+    def _headless(self) -> tuple | None:
         return (self.key, self.start_line)
 
     @staticmethod
@@ -514,7 +512,7 @@ class TorchrunBlock(Block):
 
     def start(self, first):
         self.section = "root" if "Root Cause" in first else None
-        self.cur: Optional[TorchrunFailure] = None
+        self.cur: TorchrunFailure | None = None
         self.in_tb = False
         self.rules = 0
 
@@ -532,9 +530,7 @@ class TorchrunBlock(Block):
         st = msg.strip()
         if st.startswith("====="):
             self.rules += 1
-            if self.rules >= 2:
-                return False
-            return True
+            return not self.rules >= 2
         if st.startswith("Failures:"):
             self.section, self.in_tb = "failure", False
             return True
@@ -656,7 +652,7 @@ class BridgeSummaryBlock(Block):
         if st.startswith("=" * 10):
             self.rules += 1
             return self.rules < 2
-        if not st or st.startswith("-" * 10) or st.startswith("Other Configuration Values"):
+        if not st or st.startswith(("-" * 10, "Other Configuration Values")):
             return True
         m = _SUMMARY_SECTION.match(st)
         if m:
@@ -748,7 +744,7 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
             s.step_times.append(float(m.group(1)) * 1000.0)
 
 
-def add_timers(s: "Structure", values: dict) -> None:
+def add_timers(s: Structure, values: dict) -> None:
     """The latest (min, max) of each timer name; at most MAX_TIMER_NAMES names (a log that makes
     up a new name on every line does not grow the memory)."""
     tm = s.timers
@@ -757,7 +753,7 @@ def add_timers(s: "Structure", values: dict) -> None:
             tm[k] = v
 
 
-def add_timer_record(s: "Structure", file: str, line: int, vals: dict) -> None:
+def add_timer_record(s: Structure, file: str, line: int, vals: dict) -> None:
     """One timer block or line, kept whole (its first MAX_TIMER_NAMES names); the latest
     MAX_TIMER_RECORDS (trimmed in batches)."""
     if len(vals) > MAX_TIMER_NAMES:

@@ -27,7 +27,7 @@ import time
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import regex
 
@@ -185,8 +185,8 @@ class RegexEngine(Engine):
 
     def __init__(self, anchors: dict[str, tuple[str, ...]], dense: Iterable[str] = ()):
         super().__init__(anchors, dense)
-        self.plan: Optional[tuple] = None
-        self.plan_rate: Optional[float] = None  # seconds per byte the plan took on its own buffer
+        self.plan: tuple | None = None
+        self.plan_rate: float | None = None  # seconds per byte the plan took on its own buffer
         self.replans = 0
         self.planned_buffers = 0  # buffers swept by a plan (the rest, small ones, literal by literal)
 
@@ -210,7 +210,7 @@ class RegexEngine(Engine):
             for c in set(lit):
                 serve[("re", c)].add(lit)
             for width in self.WIDTHS:
-                for k in range(0, len(lit) - width + 1):
+                for k in range(len(lit) - width + 1):
                     serve[("find", lit[k:k + width])].add(lit)
             serve[("find", lit)].add(lit)
 
@@ -398,7 +398,7 @@ def line_pattern(literal: str) -> str:
     return out + "$" if nl else out
 
 
-def scan_anchors(db, versions: Optional[dict] = None, structure: bool = True) -> dict[str, tuple[str, ...]]:
+def scan_anchors(db, versions: dict | None = None, structure: bool = True) -> dict[str, tuple[str, ...]]:
     """key -> anchors, exactly what a Scanner compiles: line-scope signatures (+ structure parsers)."""
     from ..db import applies_to
     from ..logs.structure import ANCHORS
@@ -412,7 +412,7 @@ def scan_anchors(db, versions: Optional[dict] = None, structure: bool = True) ->
 def available_engines() -> dict[str, type]:
     engines = {"regex": RegexEngine}
     try:
-        from .hyperscan_engine import HyperscanEngine  # noqa: F401
+        from .hyperscan_engine import HyperscanEngine
 
         if HyperscanEngine.available():
             engines["hyperscan"] = HyperscanEngine
@@ -421,7 +421,7 @@ def available_engines() -> dict[str, type]:
     return engines
 
 
-def make_engine(anchors: dict[str, tuple[str, ...]], name: Optional[str] = None, dense: Iterable[str] = ()) -> Engine:
+def make_engine(anchors: dict[str, tuple[str, ...]], name: str | None = None, dense: Iterable[str] = ()) -> Engine:
     engines = available_engines()
     if name is None or name == "auto":
         name = "hyperscan" if "hyperscan" in engines else "regex"
@@ -430,7 +430,7 @@ def make_engine(anchors: dict[str, tuple[str, ...]], name: Optional[str] = None,
     return engines[name](anchors, dense)
 
 
-_compiled: dict[str, "regex.Pattern"] = {}
+_compiled: dict[str, regex.Pattern] = {}
 
 
 def compiled(pattern: str):
@@ -440,7 +440,7 @@ def compiled(pattern: str):
     return pat
 
 
-def verify(sig: Signature, line: str) -> Optional[dict]:
+def verify(sig: Signature, line: str) -> dict | None:
     """Does ``line`` match ``sig``? Returns its captures ({} without a regex) or None."""
     if not any(a in line for a in sig.anchors):
         return None

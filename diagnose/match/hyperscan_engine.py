@@ -33,7 +33,7 @@ class HyperscanEngine(Engine):
             try:
                 cls._compile([b"ok"]).scan(b"ok", match_event_handler=lambda *a: None)
                 cls._ok = True
-            except Exception:  # ImportError, ArchitectureError (no SSSE3), a broken build
+            except Exception:  # noqa: BLE001 - ImportError, ArchitectureError (no SSSE3), a broken build
                 cls._ok = False
         return cls._ok
 

@@ -15,20 +15,19 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from typing import Optional
 
 from .. import predicate as P
+from ..config import memory as mm
 from ..config.runconfig import RunConfig, from_log_blocks
 from ..db import Database, applies_to
 from ..model import SEVERITY_RANK, Report, Signature
 from . import plan as PL
-from ..config import memory as mm
 from .plan import Context, NoFix, estimate
 
 OOM_ID = "MB-OOM-001"
 
 
-def world_from_command(command: Optional[str]) -> Optional[int]:
+def world_from_command(command: str | None) -> int | None:
     """nproc_per_node x nnodes from a torchrun / torch.distributed.run command line."""
     if not command:
         return None
@@ -58,7 +57,7 @@ def world_from_command(command: Optional[str]) -> Optional[int]:
     return nproc * (nnodes or 1)
 
 
-def world_from_log(report: Report) -> Optional[int]:
+def world_from_log(report: Report) -> int | None:
     ranks = set()
     for f in report.findings:
         ranks.update(r for r in f.ranks if isinstance(r, int))
@@ -72,7 +71,7 @@ def world_from_log(report: Report) -> Optional[int]:
     return max(ranks) + 1 if ranks else None
 
 
-def round_up_world(seen: Optional[int], cfg: Optional[RunConfig]) -> Optional[int]:
+def round_up_world(seen: int | None, cfg: RunConfig | None) -> int | None:
     """The ranks a log shows are a lower bound of the world size (only some ranks print):
     round up to the next multiple the config's layout allows (TP x PP x CP and EP x ETP x PP)."""
     if not seen:
@@ -88,7 +87,7 @@ def round_up_world(seen: Optional[int], cfg: Optional[RunConfig]) -> Optional[in
     return -(-seen // step) * step
 
 
-def mcore_validator(db: Database, base: Optional[RunConfig]):
+def mcore_validator(db: Database, base: RunConfig | None):
     """A Context.validator backed by megatron-core's own config checks (config/mcore.py), or None
     where megatron-core is not installed. What MCore already refuses in ``base`` (the failed
     run's config) is not held against a candidate: only what the change brings."""
@@ -107,15 +106,15 @@ def mcore_validator(db: Database, base: Optional[RunConfig]):
 
     known = set(refusals(base)) if base is not None else set()
 
-    def validator(cfg: RunConfig) -> Optional[str]:
+    def validator(cfg: RunConfig) -> str | None:
         new = [x for x in refusals(cfg) if x not in known]
         return new[0] if new else None
     return validator
 
 
-def context_from_report(report: Report, world_size: Optional[int] = None, gpu: Optional[str] = None,
-                        gpu_memory_gb: Optional[float] = None, db: Optional[Database] = None,
-                        bridge_version: Optional[str] = None, base_dir=None) -> Context:
+def context_from_report(report: Report, world_size: int | None = None, gpu: str | None = None,
+                        gpu_memory_gb: float | None = None, db: Database | None = None,
+                        bridge_version: str | None = None, base_dir=None) -> Context:
     from . import resume as RS
 
     rc = report.root_cause
@@ -169,7 +168,7 @@ def _metrics(cfg: RunConfig, ctx: Context) -> dict:
     return e.metrics()
 
 
-def preflight_signatures(db: Database, cfg: RunConfig, ctx: Context, versions: Optional[dict] = None) -> list[Signature]:
+def preflight_signatures(db: Database, cfg: RunConfig, ctx: Context, versions: dict | None = None) -> list[Signature]:
     """The preflight rules (config predicates, with the memory estimate as ``metrics.*``) that
     hold on ``cfg``, most severe first: config/rules.py where present, else evaluated here."""
     rcfg = cfg.copy()
@@ -194,7 +193,7 @@ def preflight_signatures(db: Database, cfg: RunConfig, ctx: Context, versions: O
     return out
 
 
-def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Optional[Signature], Optional[str]]:
+def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Signature | None, str | None]:
     """The OOM signature the config would die of when the memory model says it does not fit:
     the most specific refine of the CUDA OOM whose config predicate holds (the seed's cases),
     else the preflight memory rule, else the plain CUDA OOM."""
@@ -209,9 +208,9 @@ def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Optional[
     roots = dict(cfg.data)
     best = None
     for r in (db.refiners_of(base) if base else []):
-        if r.confirm_when and not r.when_captures and P.is_true(P.evaluate(r.confirm_when, roots)):
-            if best is None or r.priority > best.priority:
-                best = r
+        if (r.confirm_when and not r.when_captures and P.is_true(P.evaluate(r.confirm_when, roots))
+                and (best is None or r.priority > best.priority)):
+            best = r
     sig = best or db.get(MEMORY_RULE_ID) or base
     if sig is None:
         return None, "the database has no CUDA OOM signature"
@@ -220,7 +219,7 @@ def oom_signature(db: Database, cfg: RunConfig, ctx: Context) -> tuple[Optional[
 
 
 def plan_preflight(db: Database, cfg: RunConfig, ctx: Context, allow_unsafe: bool = False,
-                   versions: Optional[dict] = None) -> PL.Plan:
+                   versions: dict | None = None) -> PL.Plan:
     """The plan for a config alone: the static rules first, then the memory model on the
     config as those fixes leave it (a fix can make it fit, or stop it fitting)."""
     sigs = [s for s in preflight_signatures(db, cfg, ctx, versions) if s.id != MEMORY_RULE_ID]

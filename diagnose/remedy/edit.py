@@ -18,9 +18,10 @@ import hashlib
 import io
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
@@ -92,7 +93,7 @@ def guess_indent(text: str) -> tuple[int, int]:
         if not body or body.startswith("#"):
             continue
         ind = len(line) - len(body)
-        if prev_is_key and prev_indent is not None and ind > prev_indent or (prev_is_key and body.startswith("- ")):
+        if (prev_is_key and prev_indent is not None and ind > prev_indent) or (prev_is_key and body.startswith("- ")):
             if body.startswith("- ") or body == "-":
                 if offset is None:
                     offset = ind - prev_indent
@@ -123,7 +124,7 @@ def _yaml(text: str) -> tuple[YAML, Any]:
     return y, doc
 
 
-def _resolve(doc: CommentedMap, dotted: str, create: bool) -> tuple[Optional[CommentedMap], str]:
+def _resolve(doc: CommentedMap, dotted: str, create: bool) -> tuple[CommentedMap | None, str]:
     """The mapping that holds ``dotted``'s last part (Bridge's newer GPTModelConfig nests the
     transformer fields under model.transformer: edit them where they already live)."""
     parts = dotted.split(".")
@@ -149,7 +150,7 @@ def _resolve(doc: CommentedMap, dotted: str, create: bool) -> tuple[Optional[Com
 
 def _insert_sorted(m: CommentedMap, key: str, value: Any):
     """Add a new key where an alphabetically sorted file (Bridge's to_yaml) would have it."""
-    keys = [k for k in m.keys()]
+    keys = [k for k in m]
     if keys == sorted(keys, key=str) and keys:
         pos = len([k for k in keys if str(k) < key])
         m.insert(pos, key, value)
@@ -215,7 +216,7 @@ def backup_path(path: Path) -> Path:
     return cand
 
 
-def _start_time(pid: int) -> Optional[str]:
+def _start_time(pid: int) -> str | None:
     """The process's start time (field 22 of /proc/PID/stat): with the PID, who it is (a PID
     alone is reused). None where /proc does not say."""
     try:
@@ -238,7 +239,7 @@ class FileLock:
     def __init__(self, path: Path):
         self.path = path.with_name(path.name + LOCK_SUFFIX)
         self.held = False
-        self.took_over: Optional[str] = None  # why a stale lock was taken over
+        self.took_over: str | None = None  # why a stale lock was taken over
 
     def __enter__(self):
         # the lock is born complete: its content goes to a temporary file that is then hard-linked
@@ -282,7 +283,7 @@ class FileLock:
         except (OSError, ValueError, IndexError, UnicodeDecodeError):
             return None, None
 
-    def _stale(self) -> Optional[str]:
+    def _stale(self) -> str | None:
         pid, started = self._owner()
         if pid is None:
             try:
@@ -315,7 +316,7 @@ class FileLock:
         return False
 
 
-def _write_backup(path: Path, text, mode: int = 0o600, owner: Optional[tuple] = None) -> Path:
+def _write_backup(path: Path, text, mode: int = 0o600, owner: tuple | None = None) -> Path:
     """The old text as ``NAME.bak[.N]``, complete or not at all: written to a temporary file,
     fsynced, then hard-linked to the first free backup name (a link never replaces a file, so an
     older backup is never overwritten, and a kill -9 leaves no half-written backup)."""
@@ -344,7 +345,7 @@ def _write_backup(path: Path, text, mode: int = 0o600, owner: Optional[tuple] = 
 @dataclass
 class WriteResult:
     path: Path
-    backup: Optional[Path]
+    backup: Path | None
     diff: str
     changed: bool
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 from ..model import Edit
 
@@ -51,7 +51,7 @@ def format_value(v: Any) -> str:
     return s
 
 
-def override(key: str, value: Any, op: Optional[str] = None) -> str:
+def override(key: str, value: Any, op: str | None = None) -> str:
     if op == "delete":
         return f"~{key}"
     return f"{key}={format_value(value)}"

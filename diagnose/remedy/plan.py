@@ -16,8 +16,9 @@ factor of optimizer offload from the seed's measured curve.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .. import predicate as P
 from ..config import memory as mm
@@ -52,18 +53,18 @@ def slowdown(fraction: float, overlap: bool = False) -> float:
 class Context:
     """What a computed fix may use besides the config."""
 
-    world_size: Optional[int] = None
-    gpu: Optional[str] = None
-    gpu_memory_gb: Optional[float] = None
+    world_size: int | None = None
+    gpu: str | None = None
+    gpu_memory_gb: float | None = None
     gpus_per_node: int = 8
     captures: dict = field(default_factory=dict)  # the root-cause hit's regex captures
-    failed_cfg: Optional[RunConfig] = None  # the config of the run that failed (from its log)
-    observed_need_gb: Optional[float] = None  # at least this much was needed (OOM line)
+    failed_cfg: RunConfig | None = None  # the config of the run that failed (from its log)
+    observed_need_gb: float | None = None  # at least this much was needed (OOM line)
     world_inferred: bool = False  # world_size read from the ranks a log shows (a lower bound, rounded up)
-    resume: Optional[RS.Resume] = None  # what the next run loads (remedy/resume.py); None: not known
+    resume: RS.Resume | None = None  # what the next run loads (remedy/resume.py); None: not known
     # proves a candidate config before it is shown: megatron-core's own checks (config/mcore.py)
     # where it is installed; returns why MCore refuses it, or None
-    validator: Optional[Callable[[RunConfig], Optional[str]]] = None
+    validator: Callable[[RunConfig], str | None] | None = None
     oom: bool = False  # the failed run died of a CUDA OOM
 
 
@@ -109,7 +110,7 @@ class PlannedEdit:
         plus = "+" if self.old is _MISSING and not schema.declared(self.key) else ""
         return plus + override(self.key, self.new)
 
-    def mlm_flag(self) -> Optional[str]:
+    def mlm_flag(self) -> str | None:
         """The Megatron-LM command-line form (``--pipeline-model-parallel-size 2``), or None where
         Megatron-LM has no argument for the key."""
         arg = mlm_argument(self.key)
@@ -130,10 +131,10 @@ class PlannedEdit:
 
 @dataclass
 class Effect:
-    before: Optional[Estimate] = None
-    after: Optional[Estimate] = None
-    slowdown: Optional[float] = None  # iteration-time factor against no optimizer offload
-    text: Optional[str] = None  # the signature's qualitative effect
+    before: Estimate | None = None
+    after: Estimate | None = None
+    slowdown: float | None = None  # iteration-time factor against no optimizer offload
+    text: str | None = None  # the signature's qualitative effect
     notes: list = field(default_factory=list)
 
     def describe(self) -> str:
@@ -224,7 +225,7 @@ class Plan:
         return "nothing"
 
 
-def mlm_argument(key: str) -> Optional[str]:
+def mlm_argument(key: str) -> str | None:
     """The Megatron-LM argument that writes the Bridge path ``key`` (diagnose/data/mlm_args.yaml,
     read backwards), or None."""
     from ..config.runconfig import mlm_map
@@ -260,7 +261,7 @@ def with_changes(cfg: RunConfig, changes: list) -> RunConfig:
     return out
 
 
-def layout(cfg: RunConfig, world: Optional[int]) -> dict:
+def layout(cfg: RunConfig, world: int | None) -> dict:
     d = {k: _int(cfg, f"model.{k}_parallel_size") for k in
          ("tensor_model", "pipeline_model", "context", "expert_model", "expert_tensor")}
     tp, pp, cp = d["tensor_model"], d["pipeline_model"], d["context"]
@@ -268,8 +269,8 @@ def layout(cfg: RunConfig, world: Optional[int]) -> dict:
     return {"tp": tp, "pp": pp, "cp": cp, "ep": d["expert_model"], "etp": d["expert_tensor"], "dp": dp}
 
 
-def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: Optional[int] = None,
-                 cp: Optional[int] = None) -> Optional[str]:
+def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: int | None = None,
+                 cp: int | None = None) -> str | None:
     """None when TP x PP x CP x DP = world and the batch and layer splits work; else why not."""
     cp = cp or _int(cfg, "model.context_parallel_size")
     ep = ep or _int(cfg, "model.expert_model_parallel_size")
@@ -299,7 +300,8 @@ def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: Optional[int]
         if not pp <= group <= m:
             return f"microbatch_group_size_per_vp_stage {group} should range in [PP={pp}, M={m}]"
         if 0 < m % group < pp:
-            return f"{m} micro-batches leave a last group of {m % group} < PP{pp} (microbatch_group_size_per_vp_stage {group})"
+            return (f"{m} micro-batches leave a last group of {m % group} < PP{pp} "
+                    f"(microbatch_group_size_per_vp_stage {group})")
     heads = _get(cfg, "model.num_attention_heads")
     if heads and int(heads) % tp:
         return f"TP{tp} does not divide {heads} attention heads"
@@ -314,7 +316,7 @@ def _divisors(n: int) -> list[int]:
 
 
 # --- the memory model ------------------------------------------------------------------------
-def estimate(cfg: RunConfig, ctx: Context, calibrate_on: Optional[RunConfig] = None) -> Estimate:
+def estimate(cfg: RunConfig, ctx: Context, calibrate_on: RunConfig | None = None) -> Estimate:
     """The memory model's estimate, calibrated against the OOM when the log showed one.
 
     When the failed run's config (``calibrate_on``) is predicted to fit although the run died
@@ -452,7 +454,7 @@ def _world(ctx: Context) -> int:
 class Candidate:
     changes: list
     pp: int
-    fraction: Optional[float]  # None: no optimizer offload
+    fraction: float | None  # None: no optimizer offload
     estimate: Estimate
     time: float  # predicted iteration time, as a factor of the failed run's
     why_time: str
@@ -462,7 +464,7 @@ class Candidate:
         return f"PP{self.pp} + {off}"
 
 
-def pipeline_bubble(cfg: RunConfig, world: int) -> Optional[float]:
+def pipeline_bubble(cfg: RunConfig, world: int) -> float | None:
     """The 1F1B schedule's time over a bubble-free one: (m + (PP - 1) / VPP) / m, m the
     micro-batches per pipeline (global batch / (micro batch x DP)). None when the batch is unknown."""
     lay = layout(cfg, world)
@@ -507,7 +509,7 @@ def _pp_changes(cfg: RunConfig, pp: int) -> list:
     return out
 
 
-def prove(cfg: RunConfig, after: RunConfig, ctx: Context, world: Optional[int], mcore: bool = True) -> Optional[str]:
+def prove(cfg: RunConfig, after: RunConfig, ctx: Context, world: int | None, mcore: bool = True) -> str | None:
     """Why ``after`` must not be written (None: it may): the layout arithmetic, what the next run
     resumes, optimizer offload on a fine-tune, and (``mcore``) megatron-core's own checks."""
     if world:
@@ -722,7 +724,7 @@ def _static(cfg: RunConfig, edits: tuple[Edit, ...]) -> list:
         cur = cfg.get(e.key)
         if e.op in ("scale", "add") and (not isinstance(cur, (int, float)) or isinstance(cur, bool)):
             raise NoFix(f"{e.key} is not in the config, so '{e.op} {e.value}' cannot be computed")
-        changed, new = apply_edit(cur, e)
+        _changed, new = apply_edit(cur, e)
         out.append((e.key, DELETE if e.op == "delete" else new))
     return out
 
@@ -740,7 +742,7 @@ def _planned(cfg: RunConfig, changes: list) -> list[PlannedEdit]:
     return out
 
 
-def _effect(cfg: RunConfig, changes: list, ctx: Context, text: Optional[str]) -> Effect:
+def _effect(cfg: RunConfig, changes: list, ctx: Context, text: str | None) -> Effect:
     eff = Effect(text=text)
     after_cfg = with_changes(cfg, changes)
     if after_cfg.get("optimizer.optimizer_cpu_offload") is True:
@@ -755,7 +757,7 @@ def _effect(cfg: RunConfig, changes: list, ctx: Context, text: Optional[str]) ->
     return eff
 
 
-def _same_in(failed: Optional[RunConfig], changes: list) -> bool:
+def _same_in(failed: RunConfig | None, changes: list) -> bool:
     """True when the failed run already had every value of ``changes`` (the fix was there)."""
     if failed is None:
         return False
@@ -769,7 +771,7 @@ def _same_in(failed: Optional[RunConfig], changes: list) -> bool:
     return True
 
 
-def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Context] = None,
+def plan(causes: list[Signature], cfg: RunConfig | None, ctx: Context | None = None,
          allow_unsafe: bool = False) -> Plan:
     """Plan fixes for ``causes`` (root cause first) against ``cfg``."""
     ctx = ctx or Context()
@@ -831,7 +833,7 @@ def plan(causes: list[Signature], cfg: Optional[RunConfig], ctx: Optional[Contex
     return out
 
 
-def unplannable(cfg: RunConfig) -> Optional[str]:
+def unplannable(cfg: RunConfig) -> str | None:
     """Why no plan can be made on ``cfg`` (a NaN, a size 0, a date or text where a count
     belongs: config/schema.py's checks of types and values), or None. Keys this version does
     not know are the job's business, not a reason."""
@@ -844,7 +846,7 @@ def unplannable(cfg: RunConfig) -> Optional[str]:
     return bad[0] + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
 
 
-def rebase(p: Plan, target: Optional[RunConfig]) -> Plan:
+def rebase(p: Plan, target: RunConfig | None) -> Plan:
     """The plan's edits against ``target`` (the file that will be written), where it was planned on
     another config (the one the failed run printed): a value the file already has is no change,
     so running --fix again with the same log changes nothing."""

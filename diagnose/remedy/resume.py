@@ -29,27 +29,26 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from ..config.runconfig import RunConfig
 
 HDO_SYNC_BRIDGE = (0, 6, 0)  # the first Megatron-Bridge release with the HybridDeviceOptimizer sync
 
 
-def parse_version(text: Optional[str]) -> Optional[tuple]:
+def parse_version(text: str | None) -> tuple | None:
     m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text or ""))
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 
 @dataclass
 class Resume:
-    loads: Optional[bool]  # the next run loads a checkpoint of this job (None: cannot tell)
+    loads: bool | None  # the next run loads a checkpoint of this job (None: cannot tell)
     optimizer_state: bool  # ... and its optimizer state
     weights_only: bool  # weights are loaded without their optimizer state (a fine-tune)
-    ckpt_distopt: Optional[bool]  # the checkpoint was saved with the distributed optimizer
-    ckpt_fully_reshardable: Optional[bool]  # ... in a format that takes a (TP, PP) change
-    ckpt_layout: Optional[tuple]  # (TP, PP) of the checkpoint, where its run_config.yaml says
-    bridge_version: Optional[tuple]
+    ckpt_distopt: bool | None  # the checkpoint was saved with the distributed optimizer
+    ckpt_fully_reshardable: bool | None  # ... in a format that takes a (TP, PP) change
+    ckpt_layout: tuple | None  # (TP, PP) of the checkpoint, where its run_config.yaml says
+    bridge_version: tuple | None
     source: str  # where the checkpoint facts come from
     evidence: str = ""  # the log line that says whether a checkpoint was loaded
 
@@ -63,7 +62,7 @@ class Resume:
         return f"resumes {what} from a checkpoint saved {how} ({self.source})"
 
 
-def _newest_run_config(load: str, base: Optional[Path]) -> Optional[Path]:
+def _newest_run_config(load: str, base: Path | None) -> Path | None:
     root = Path(load)
     if not root.is_absolute() and base is not None:
         root = base / root
@@ -80,7 +79,7 @@ def _newest_run_config(load: str, base: Optional[Path]) -> Optional[Path]:
         return None
 
 
-def _loaded_lines(structure) -> tuple[Optional[bool], Optional[bool], str]:
+def _loaded_lines(structure) -> tuple[bool | None, bool | None, str]:
     """(the run resumed a checkpoint of this job, it saved one, the line that says so) from the
     log: "successfully loaded checkpoint ... at iteration N", "will start from random",
     "Starting training loop at iteration N", "successfully saved checkpoint"."""
@@ -96,8 +95,8 @@ def _loaded_lines(structure) -> tuple[Optional[bool], Optional[bool], str]:
     return resumed, saved, where
 
 
-def read(cfg: RunConfig, structure=None, bridge_version: Optional[str] = None,
-         base: Optional[Path] = None) -> Resume:
+def read(cfg: RunConfig, structure=None, bridge_version: str | None = None,
+         base: Path | None = None) -> Resume:
     """The resume facts of the run ``cfg`` describes (the failed run's config)."""
     def get(key, default=None):
         v = cfg.get(key)
@@ -111,18 +110,18 @@ def read(cfg: RunConfig, structure=None, bridge_version: Optional[str] = None,
     rc_path = _newest_run_config(str(load), base) if load else None
     if rc_path is not None:
         try:
-            from ..config.load import load_config
+            from ..config.load import ConfigError, load_config
 
             ckpt = load_config(str(rc_path))
             source = f"the checkpoint's {rc_path}"
-        except Exception:  # an unreadable checkpoint config: fall back to the run's
+        except ConfigError:  # an unreadable checkpoint config: fall back to the run's
             ckpt = cfg
     resumed, saved, evidence = _loaded_lines(structure)
     last = getattr(structure, "peaks", {}).get("last_iteration") if structure is not None else None
     interval = get("checkpoint.save_interval")
     if isinstance(last, int) and isinstance(interval, int) and interval > 0 and last >= interval:
         saved = True  # it ran past a save interval: a checkpoint was (probably) written
-    loads: Optional[bool]
+    loads: bool | None
     if not load:
         loads = False  # nothing of this job is loaded (a pretrained checkpoint is weights only)
     elif resumed or saved:
@@ -151,10 +150,13 @@ def read(cfg: RunConfig, structure=None, bridge_version: Optional[str] = None,
 
 
 def _layout(cfg: RunConfig) -> tuple:
-    return (int(cfg.get("model.tensor_model_parallel_size") or 1), int(cfg.get("model.pipeline_model_parallel_size") or 1))
+    return (
+        int(cfg.get("model.tensor_model_parallel_size") or 1),
+        int(cfg.get("model.pipeline_model_parallel_size") or 1),
+    )
 
 
-def blocks(r: Resume, before: RunConfig, after: RunConfig) -> Optional[str]:
+def blocks(r: Resume, before: RunConfig, after: RunConfig) -> str | None:
     """Why the run ``after`` cannot load what ``before`` would have loaded (None: it can)."""
     if not r.optimizer_state:
         return None
@@ -174,7 +176,7 @@ def blocks(r: Resume, before: RunConfig, after: RunConfig) -> Optional[str]:
     return None
 
 
-def blocks_offload(r: Resume, after: RunConfig) -> Optional[str]:
+def blocks_offload(r: Resume, after: RunConfig) -> str | None:
     """Why optimizer offload must not be turned on for this run (None: it may)."""
     if after.get("optimizer.optimizer_cpu_offload") is not True or not r.weights_only:
         return None

@@ -2,8 +2,6 @@
 gate status of each finding, messages, and links to the MCore / Bridge source a signature cites."""
 from __future__ import annotations
 
-from typing import Optional
-
 from ..model import Finding, Report, Signature
 
 GITHUB = "https://github.com"
@@ -86,7 +84,7 @@ def summary_line(f: Finding) -> str:
     return f"{f.signature.title} ({' '.join(parts)})"
 
 
-def fix_text(f: Finding, report: Report) -> Optional[str]:
+def fix_text(f: Finding, report: Report) -> str | None:
     s = f.signature
     if not s.fixes:
         return None

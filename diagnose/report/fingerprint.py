@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..logs.lines import split_prefix, strip_ansi
 from ..model import Finding
@@ -66,7 +66,7 @@ def normalize_file(path: str) -> str:
 
 def fingerprint_of(sig_id: str, text: str, file: str) -> str:
     h = hashlib.sha256()
-    h.update(f"v{FINGERPRINT_VERSION}\0{sig_id}\0{normalize_text(text)}\0{normalize_file(file)}".encode("utf-8"))
+    h.update(f"v{FINGERPRINT_VERSION}\0{sig_id}\0{normalize_text(text)}\0{normalize_file(file)}".encode())
     return h.hexdigest()[:32]
 
 

@@ -26,9 +26,17 @@ def fix_dict(fx) -> dict:
 def finding_dict(f: Finding) -> dict:
     s = f.signature
     return {
-        "signature": s.id, "slug": s.slug, "title": s.title, "category": s.category,
-        "severity": s.severity, "role": s.role, "count": f.count,
-        "ranks": {("unknown" if r is None else str(r)): n for r, n in sorted(f.ranks.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
+        "signature": s.id,
+        "slug": s.slug,
+        "title": s.title,
+        "category": s.category,
+        "severity": s.severity,
+        "role": s.role,
+        "count": f.count,
+        "ranks": {
+            ("unknown" if r is None else str(r)): n
+            for r, n in sorted(f.ranks.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+        },
         "first": hit_dict(f.first),
     }
 

@@ -43,7 +43,7 @@ class JunitFormatter(Formatter):
         rank = {sid: i for i, sid in enumerate(first)}
         sigs.sort(key=lambda s: rank.get(s.id, len(rank)))
 
-        suites: "OrderedDict[str, list]" = OrderedDict()
+        suites: OrderedDict[str, list] = OrderedDict()
         for s in sigs:
             family = (s.file or "other").rsplit(".", 1)[0]
             suites.setdefault(family, []).append(s)

@@ -54,10 +54,16 @@ def render_markdown(report: Report, fail_on: str = "error", baseline=None, title
         if rc.overrides:
             out.append(f"| Overrides | {code(' '.join(rc.overrides), 1000)} |")
         if rc.set_aside:
-            out.append("| Set aside | " + cell("; ".join(f"{f.signature.title} ({f.count}x)" for f in rc.set_aside)) + " |")
+            out.append(
+                "| Set aside | " + cell("; ".join(f"{f.signature.title} ({f.count}x)" for f in rc.set_aside)) + " |"
+            )
         urls = ci.reference_urls(s)
         if urls:
-            out.append("| Source | " + ", ".join(f"[{cell(u.split('/blob/')[-1].split('/', 1)[-1])}]({u})" for u in urls) + " |")
+            out.append(
+                "| Source | "
+                + ", ".join(f"[{cell(u.split('/blob/')[-1].split('/', 1)[-1])}]({u})" for u in urls)
+                + " |"
+            )
     findings = ci.ordered(report)
     if findings:
         out.append("")

@@ -151,22 +151,35 @@ class SarifFormatter(Formatter):
             results.append(res)
 
         run = {
-            "tool": {"driver": {
-                "name": "diagnose", "fullName": "diagnose: Megatron-Core / Megatron-Bridge failure diagnostics",
-                "version": __version__, "semanticVersion": __version__, "informationUri": INFORMATION_URI,
-                "rules": rules,
-            }},
+            "tool": {
+                "driver": {
+                    "name": "diagnose",
+                    "fullName": "diagnose: Megatron-Core / Megatron-Bridge failure diagnostics",
+                    "version": __version__,
+                    "semanticVersion": __version__,
+                    "informationUri": INFORMATION_URI,
+                    "rules": rules,
+                }
+            },
             "automationDetails": {"id": "diagnose/training-log/"},
             "artifacts": artifacts,
             "results": results,
             "columnKind": "unicodeCodePoints",
-            "invocations": [{
-                "executionSuccessful": True,
-                "properties": {"failOn": self.fail_on, "gate": "fail" if g.failing else "pass",
-                               "failing": len(g.failing), "baselined": len(g.known),
-                               "healthy": report.root_cause is None},
-                "toolExecutionNotifications": [{"message": {"text": n}, "level": "warning"} for n in report.notes][:100],
-            }],
+            "invocations": [
+                {
+                    "executionSuccessful": True,
+                    "properties": {
+                        "failOn": self.fail_on,
+                        "gate": "fail" if g.failing else "pass",
+                        "failing": len(g.failing),
+                        "baselined": len(g.known),
+                        "healthy": report.root_cause is None,
+                    },
+                    "toolExecutionNotifications": [{"message": {"text": n}, "level": "warning"} for n in report.notes][
+                        :100
+                    ],
+                }
+            ],
         }
         if not run["invocations"][0]["toolExecutionNotifications"]:
             del run["invocations"][0]["toolExecutionNotifications"]

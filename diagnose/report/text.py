@@ -119,8 +119,13 @@ def render_root(lines: Lines, r: Report, details: bool, known: bool = False):
     src = f" (from {rc.rank_source})" if details and rc.rank_source and rc.rank_source != "log line" and rank else ""
     lines.add(f"{where}{rank}{src}  [{s.category}, {rc.confidence}]", indent="  ", label="-->", style="",
               label_style="bold blue", sep="")
-    lines.add(rc.hit.text, indent="   | ", style="italic", hang="",
-              limit=DETAILS_EVIDENCE_LINES if details else (EVIDENCE_LINES if lines.width >= 120 else EVIDENCE_LINES - 1))
+    lines.add(
+        rc.hit.text,
+        indent="   | ",
+        style="italic",
+        hang="",
+        limit=DETAILS_EVIDENCE_LINES if details else (EVIDENCE_LINES if lines.width >= 120 else EVIDENCE_LINES - 1),
+    )
     if rc.overrides:  # right under the evidence: the fix, whole and copy-pasteable
         lines.add(" ".join(rc.overrides), indent="  ", label="overrides", style="bold cyan")
     if rc.basis != "signature":
