@@ -241,7 +241,8 @@ def _atoms(body: str):
 
 
 def _alternatives(body: str) -> list:
-    alts, cur = [], []
+    alts: list = []
+    cur: list = []
     for atom, q in _atoms(body):
         if atom == "|":
             alts.append(cur)

@@ -46,7 +46,8 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
                                side_from_report("run", [], here), ", ".join(baseline_run.inputs) or "the baseline")
         if got is not None:
             metrics.update(got["metrics"])
-            res.structure.note("baseline", *got["evidence"], replace=True)
+            efile, eline, etext = got["evidence"]
+            res.structure.note("baseline", efile, eline, etext, replace=True)
     if cfg is not None and cfg.get("optimizer.optimizer_cpu_offload") is True and "cpu_optimizer" in metrics:
         metrics["cpu_optimizer"] = 1
     timers = res.structure.evidence.get("timer_attribution", ("", 0, ""))[2]
@@ -70,7 +71,8 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
         shown = "; ".join(f"{k}: {_short(a)} in the file, {_short(b)} in the run" for k, a, b in differ[:4])
         more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
         other = " (another model: is it this job's config?)" if differ[0][0] in IDENTITY else ""
-        report.notes.append(f"{config.source or 'the config given'} differs from the config the run printed in "
+        given = (config.source if config is not None else "") or "the config given"
+        report.notes.append(f"{given} differs from the config the run printed in "
                             f"{len(differ)} key(s){other}: {shown}{more}; the run's values are used")
     if root is not None and cfg is not None:
         _computed_overrides(report, root)

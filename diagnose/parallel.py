@@ -27,7 +27,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .analyze.findings import MAX_LINES, MAX_SAMPLES, Findings, _earlier
 from .logs import read as R
@@ -61,8 +61,8 @@ def cpu_count() -> int:
 
 # ----------------------------------------------------------------------------- worker side
 
-_SCANNER: Scanner | None = None
-_COUNTER = None
+_SCANNER: Any = None  # the worker's Scanner (_init)
+_COUNTER: Any = None  # a shared multiprocessing.Value of bytes scanned
 
 
 def _init(db, engine, versions, sample, counter):
@@ -89,6 +89,7 @@ def _scan_one(t: Task):
 def _measure_piece(t: Task):
     """Before a piece is scanned: its newlines (the next piece's first line) and the year of its
     first dated iteration line (glog timestamps after it take that year, as in a serial scan)."""
+    assert t.src.path is not None and t.end is not None  # pieces are cut from files only
     return R.count_newlines(t.src.path, t.start, t.end), _first_year(t.src.path, t.start, t.end)
 
 
@@ -119,7 +120,7 @@ def _first_year(path, start: int, end: int, tries: int = 1000):
 def _slim(res: ScanResult) -> ScanResult:
     """What goes back through the pipe: signatures by id (the parent has the database)."""
     for f in res.findings.by_id.values():
-        f.signature = f.signature.id
+        f.signature = f.signature.id  # type: ignore[assignment]  # the parent puts the Signature back
     res.open_blocks = []  # scan state (closed by scan_source): not sent back; file_ranks is small
     return res
 

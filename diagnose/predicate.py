@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -53,8 +53,9 @@ def _divides(a, b):
     return b % a == 0
 
 
-_FUNCS = {"abs": abs, "min": min, "max": max, "len": len, "divides": _divides, "bool": bool,
-          "int": int, "float": float, "str": str, "lower": lambda s: str(s).lower()}
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "abs": abs, "min": min, "max": max, "len": len, "divides": _divides, "bool": bool,
+    "int": int, "float": float, "str": str, "lower": lambda s: str(s).lower()}
 
 _ALLOWED = (
     ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare,
@@ -83,9 +84,11 @@ def compile_predicate(expr: str) -> ast.Expression:
     return tree
 
 
-def names(expr: str) -> set[str]:
-    """The dotted names a predicate reads (``model.cpu_offloading`` ...)."""
-    out = set()
+def names(expr: str | None) -> set[str]:
+    """The dotted names a predicate reads (``model.cpu_offloading`` ...); none for no predicate."""
+    out: set[str] = set()
+    if not expr:
+        return out
     for node in ast.walk(compile_predicate(expr)):
         if isinstance(node, (ast.Attribute, ast.Name)):
             dotted = _dotted(node)
@@ -117,8 +120,10 @@ def lookup(roots: Mapping[str, Any], dotted: str, default: Any = UNKNOWN):
     return cur
 
 
-def evaluate(expr: str, roots: Mapping[str, Any]):
-    """True, False or UNKNOWN."""
+def evaluate(expr: str | None, roots: Mapping[str, Any]):
+    """True, False or UNKNOWN (no predicate: UNKNOWN)."""
+    if not expr:
+        return UNKNOWN
     return _eval(compile_predicate(expr).body, roots)
 
 
@@ -184,6 +189,7 @@ def _eval(node, roots):
         args = [_eval(a, roots) for a in node.args]
         if any(a is UNKNOWN for a in args):
             return UNKNOWN
+        assert isinstance(node.func, ast.Name)  # compile_predicate allows nothing else
         try:
             return _FUNCS[node.func.id](*args)
         except (TypeError, ValueError, ZeroDivisionError):

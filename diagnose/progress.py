@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 DELAY = 1.0  # seconds before the bar appears
 
@@ -42,8 +43,8 @@ class ScanProgress:
         self.delay = delay
         self.t0 = time.monotonic()
         self.done = 0
-        self.bar = None
-        self.task = None
+        self.bar: Any = None  # rich's Progress, once shown
+        self.task: Any = None
 
     def __call__(self, nbytes: int):
         self.done += nbytes

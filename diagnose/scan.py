@@ -119,6 +119,7 @@ class Scanner:
             got = True
             self.scan_chunk(chunk, src.name, idx, res)
             res.bytes_read += chunk.size if chunk.size is not None else len(chunk.data)
+            assert chunk.newlines is not None  # scan_chunk counted them
             line = chunk.first_line + chunk.newlines
             if progress:
                 progress(len(chunk.data))
@@ -190,6 +191,7 @@ class Scanner:
                                           order=file_idx * 10**12 + line_no))
             # no signature took the line whole: one whose anchor is there may take it cut or wrapped
             for sig in missed if not hits else ():
+                assert msg is not None  # a signature was tried: the prefix was split off
                 caps = self._recover(sig, msg, data, end)
                 if caps is not None:
                     if t is None:

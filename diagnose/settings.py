@@ -28,7 +28,7 @@ from typing import Any
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 # key -> (what it must be, the check): every value is checked when the file is read, before
 # anything is planned, written or launched

@@ -136,8 +136,10 @@ def load_tables(db_root: str) -> Tables:
 
 @lru_cache(maxsize=8)
 def _load(db_root: str) -> Tables:
-    exc, tb, ctx = [], [], []
-    seen = set()
+    exc: list[Row] = []
+    tb: list[Row] = []
+    ctx: list[Row] = []
+    seen: set[str] = set()
     for path in sorted(Path(db_root, "layers").glob("*.yaml")):
         try:
             doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}

@@ -258,7 +258,7 @@ def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: 
     ``world_size``: from the config where it says so, else the highest rank seen + 1."""
     if root.finding.signature.category != "nccl_timeout":
         return None
-    reporting = set()
+    reporting: set[int] = set()
     for f in findings.all():
         if f.signature.category == "nccl_timeout" and f.signature.severity == "error":
             reporting.update(r for r in f.ranks if r is not None)
@@ -269,12 +269,12 @@ def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: 
     silent = sorted(set(range(world)) - reporting)
     if len(reporting) < 2 or not silent:
         return None
-    out = {"reporting": sorted(reporting), "not_reporting": silent, "world_size": world,
-           "rank": silent[0] if len(silent) == 1 else None}
-    if out["rank"] is not None:
+    rank = silent[0] if len(silent) == 1 else None
+    out = {"reporting": sorted(reporting), "not_reporting": silent, "world_size": world, "rank": rank}
+    if rank is not None:
         from dataclasses import replace
 
-        root.hit = replace(root.hit, rank=out["rank"])
+        root.hit = replace(root.hit, rank=rank)
         root.rank_source = f"straggler: the only one of {world} ranks without a collective timeout"
     return out
 

@@ -148,7 +148,7 @@ def timer_shares(s: Structure) -> dict:
         share, file, line, got, total = sorted(shares, key=lambda r: r[0])[(len(shares) - 1) // 2]
         out["optimizer_share"] = share
         parts = {k: v for k, v in got.items() if k != "forward-backward" or "forward" not in got}
-        top = max(parts, key=parts.get)
+        top = max(parts, key=lambda k: parts[k])
         s.note("timer_attribution", file, line, f"{top} {parts[top]:.1f} ms = {parts[top] / total:.0%} of the "
                "timed iteration (" + ", ".join(f"{k} {v:.1f} ms" for k, v in parts.items() if k != top) + ")"
                + (f"; the median of {len(shares)} timer records" if len(shares) > 1 else ""), replace=True)
@@ -207,7 +207,7 @@ def change_point(pts: list, s: Structure) -> dict:
         step = len(series) / CHANGE_POINTS
         series = [series[int(i * step)] for i in range(CHANGE_POINTS)]
     xs = [p.elapsed_ms for p in series]
-    splits = range(3, len(xs) - 2)
+    splits = list(range(3, len(xs) - 2))
     if len(splits) > CHANGE_SPLITS:
         splits = sorted({3 + int(i * (len(xs) - 5) / CHANGE_SPLITS) for i in range(CHANGE_SPLITS)})
     best = None  # the split that fits two levels best: least absolute deviation from each median

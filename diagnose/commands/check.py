@@ -81,7 +81,7 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
     db_keys = _db_keys(db)
     cfg, more = apply_overrides(cfg, overrides, lambda k: S.known(k) or k in db_keys)
     notes += more
-    added = tuple(getattr(cfg, "added_keys", ()) or ())
+    added = cfg.added_keys
     if "(mlm_args)" in str(cfg.source) or "(bridge_" in str(cfg.source):
         # recovered from a log and mapped by diagnose itself: check only what the overrides set
         touched = RunConfig()
@@ -199,9 +199,9 @@ def render_text(res: dict, versions_text: str, color: bool) -> str:
     fs = res["findings"]
     if fs:
         t = Table(title="Findings", expand=True, show_lines=True)
-        for col, kw in (("Sev", {"no_wrap": True}), ("Signature", {"no_wrap": True}), ("Title", {}),
-                        ("Evidence", {}), ("Fix", {})):
-            t.add_column(col, **kw)
+        for col, no_wrap in (("Sev", True), ("Signature", True), ("Title", False), ("Evidence", False),
+                             ("Fix", False)):
+            t.add_column(col, no_wrap=no_wrap)
         for f in fs:
             s = f.signature
             fix = (s.fixes[0].text if s and s.fixes else "")

@@ -265,7 +265,7 @@ def _stage_layers(L: int, pp: int, vpp: int, stage: int, first: int | None, last
     if chunk == 0:
         per = L // pp
         return list(range(stage * per, (stage + 1) * per))
-    out = []
+    out: list[int] = []
     for v in range(vpp):
         start = (v * pp + stage) * chunk
         out.extend(range(start, start + chunk))
@@ -452,6 +452,7 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
         cand = (peak, steady, weights, grads, optim, acts, host_per_gpu, name, in_flight)
         if best is None or peak > best[0]:
             best = cand
+    assert best is not None  # at least one stage was sized
     peak, steady, weights, grads, optim, acts, host_per_gpu, stage, in_flight = best
 
     if gpu_memory_gb is not None:

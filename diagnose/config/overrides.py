@@ -104,7 +104,7 @@ def apply_overrides(cfg: RunConfig, overrides: Iterable[str],
             added.append(key)
     if added:
         notes.append("added by +key: " + ", ".join(added))
-    out.added_keys = tuple(getattr(cfg, "added_keys", ()) or ()) + tuple(added)
+    out.added_keys = cfg.added_keys + tuple(added)
     return normalize(out), notes
 
 

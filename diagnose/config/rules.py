@@ -75,7 +75,7 @@ def evaluate(cfg: RunConfig, db: Database, versions: dict, metrics: dict | None 
     rts = roots(cfg, metrics)
     out = []
     for sig in rule_signatures(db, versions):
-        if not P.is_true(P.evaluate(sig.confirm_when, rts)):
+        if not sig.confirm_when or not P.is_true(P.evaluate(sig.confirm_when, rts)):
             continue
         ev = "; ".join(f"{n} = {_show(P.lookup(rts, n))}" for n in sorted(P.names(sig.confirm_when)))
         out.append(CheckFinding(sig, "static", ev, fix_overrides(sig, cfg, rts), sig.title, sig.severity))

@@ -28,6 +28,7 @@ class RunConfig:
     def __init__(self, data: dict | None = None, source: str = ""):
         self.data: dict = data or {}
         self.source = source
+        self.added_keys: tuple = ()  # keys that +key overrides added (config/overrides.py)
 
     # dotted access -------------------------------------------------------------------------
     def get(self, dotted: str, default: Any = None):
@@ -37,7 +38,7 @@ class RunConfig:
         return self.get(dotted, _MISSING) is not _MISSING
 
     def set(self, dotted: str, value: Any):
-        cur = self.data
+        cur: Any = self.data
         parts = dotted.split(".")
         for part in parts[:-1]:
             nxt = cur.get(part)
@@ -47,7 +48,7 @@ class RunConfig:
         cur[parts[-1]] = value
 
     def delete(self, dotted: str):
-        cur = self.data
+        cur: Any = self.data
         parts = dotted.split(".")
         for part in parts[:-1]:
             cur = cur.get(part)

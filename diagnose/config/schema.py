@@ -119,7 +119,10 @@ def _schema(with_mcore: bool) -> dict:
     if with_mcore:
         for sec in SECTION_CLASSES:
             for k, t in mcore_fields(sec).items():
-                out.setdefault(sec, {}).setdefault(k, t)
+                keys = out.get(sec)
+                if keys is None:
+                    keys = out[sec] = {}
+                keys.setdefault(k, t)
     return out
 
 

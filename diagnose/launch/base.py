@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class LaunchError(Exception):
@@ -24,7 +25,7 @@ class Job:
     command: list  # argv as run (local) or as submitted (slurm)
     log_path: Path
     started: float  # time.time()
-    handle: object = None  # the backend's own state (Popen, ...)
+    handle: Any = None  # the backend's own state (Popen, ...)
     ended: float | None = None
     exit_code: int | None = None
     state: str = "STARTING"

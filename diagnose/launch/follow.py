@@ -47,7 +47,7 @@ class Follower:
         self.line = 1
         self.carry = b""
         self._seen: dict[str, int] = {}
-        self._ino = None
+        self._ino: int | None = None
         self._head = b""  # the first bytes read: a file rewritten in place shows other bytes there
         self.closed = False
         self.res = self._fresh()

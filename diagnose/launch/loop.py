@@ -187,7 +187,7 @@ class LoopResult:
 class RelaunchLoop:
     def __init__(self, db: Database, launcher: Launcher, config_path: Path | None, history: History,
                  log_dir: Path, max_attempts: int = 3, use_overrides: bool = False,
-                 allow_unsafe: bool = False, planner: Callable[[Report, RunConfig], PL.Plan] | None = None,
+                 allow_unsafe: bool = False, planner: Callable[[Report, RunConfig | None], PL.Plan] | None = None,
                  echo: Callable[[str], None] = lambda s: None, poll_s: float = POLL_S,
                  timeout_s: float | None = None, load_config: Callable[[], RunConfig] | None = None):
         self.db, self.launcher, self.config_path = db, launcher, config_path
@@ -226,7 +226,7 @@ class RelaunchLoop:
 
     def run(self, first: Step) -> LoopResult:
         step = first
-        records = []
+        records: list[dict] = []
         attempt = 0
         while True:
             plan = step.plan

@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CHUNK = 8 << 20  # bytes read at a time
 GZIP_MAGIC = b"\x1f\x8b"  # a compressed stream is detected by content, not by name
@@ -111,6 +112,7 @@ def iter_sources(paths, notes: list) -> Iterator[Source]:
         if stat.S_ISDIR(st.st_mode):
             binary: list = []
             for src in _walk(p, notes):
+                assert src.path is not None  # a folder's files, never stdin
                 if is_binary(src.path):
                     binary.append(src.path.name)
                 else:
@@ -206,7 +208,7 @@ class _Gunzip:
 
     def __init__(self, raw):
         self.raw = raw
-        self.d = None
+        self.d: Any = None  # zlib's decompressor of the current member
         self.buf, self.pos = b"", 0
         self.in_member = False
         self.done = False

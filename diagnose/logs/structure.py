@@ -708,9 +708,9 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
                 s.note("memory", file, line, text)
     elif key == "@exception":
         rank, msg = split_prefix(text)
-        m = _EXC_LINE.match(msg.strip())
-        if m and not m.group(1).endswith("Warning") and len(s.exceptions) < MAX_RECORDS:
-            s.exceptions.append((file, line, rank, m.group(1), (m.group(2) or "").strip(), text))
+        em = _EXC_LINE.match(msg.strip())
+        if em and not em.group(1).endswith("Warning") and len(s.exceptions) < MAX_RECORDS:
+            s.exceptions.append((file, line, rank, em.group(1), (em.group(2) or "").strip(), text))
     elif key == "@timer_line":
         vals = {k.strip(): float(v) for k, v in _TIMER_FIELD.findall(text.split("time (ms)", 1)[1])}
         if vals:
@@ -727,21 +727,21 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
     elif key == "@resume" and len(s.resume) < 16:
         kind = ("fresh" if "will start from random" in text else "start" if "Starting training loop" in text
                 else "saved" if "successfully saved" in text else "loaded")
-        m = _LOADED_AT.search(text)
+        at = _LOADED_AT.search(text)
         if kind != "saved" or not any(k == "saved" for _, _, k, _ in s.resume):
-            s.resume.append((file, line, kind, int(m.group(1)) if m else None))
+            s.resume.append((file, line, kind, int(at.group(1)) if at else None))
     elif key == "@overflow":
         s.count("overflow_steps")
-        m = _NEW_SCALE.search(text)
-        if m:
-            scale = _num(m.group(1))
+        sm = _NEW_SCALE.search(text)
+        if sm:
+            scale = _num(sm.group(1))
             if scale is not None and ("loss_scale_min" not in s.peaks or scale < -s.peaks["loss_scale_min"]):
                 s.peaks["loss_scale_min"] = -scale  # peaks keep the largest: the smallest scale, negated
                 s.note("loss_scale_min", file, line, text, replace=True)
     elif key == "@step_time":
-        m = _STEP_TIME.search(text)
-        if m and len(s.step_times) < MAX_SERIES:
-            s.step_times.append(float(m.group(1)) * 1000.0)
+        tm = _STEP_TIME.search(text)
+        if tm and len(s.step_times) < MAX_SERIES:
+            s.step_times.append(float(tm.group(1)) * 1000.0)
 
 
 def add_timers(s: Structure, values: dict) -> None:

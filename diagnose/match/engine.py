@@ -271,14 +271,14 @@ class RegexEngine(Engine):
             by_byte: dict = defaultdict(list)  # co-occurring anchors share their pivot byte
             for lit, k in pivots:
                 by_byte[lit[k]].append((lit, k))
-            for name, group in pattern.groupindex.items():
-                lit, k = leaves[group] = pivots[int(name[1:])]
+            for name, gi in pattern.groupindex.items():
+                lit, k = leaves[gi] = pivots[int(name[1:])]
                 rest, head = lit[k:], lit[:k]
                 co = tuple((o, j) for o, j in by_byte[lit[k]] if o != lit
                            and (o[j:].startswith(rest) or rest.startswith(o[j:]))
                            and (o[:j].endswith(head) or head.endswith(o[:j])))
                 if co:
-                    cos[group] = co
+                    cos[gi] = co
         # a needle's expected hits per byte of buffer: a buffer with many more asks for a new plan
         sweeps = [(g, [(lit, lit.find(g)) for lit in group], occurrences(g) / n) for g, group in finds]
         return pattern, leaves, cos, sweeps
@@ -324,6 +324,7 @@ class RegexEngine(Engine):
 
     def _planned(self, buf: bytes, push: dict):
         find = buf.find
+        assert self.plan is not None  # made by scan() before it calls here
         pattern, leaves, cos, sweeps = self.plan
         startswith = buf.startswith
         if pattern is not None:
@@ -410,7 +411,7 @@ def scan_anchors(db, versions: dict | None = None, structure: bool = True) -> di
 
 
 def available_engines() -> dict[str, type]:
-    engines = {"regex": RegexEngine}
+    engines: dict[str, type] = {"regex": RegexEngine}
     try:
         from .hyperscan_engine import HyperscanEngine
 

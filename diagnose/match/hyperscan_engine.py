@@ -7,8 +7,11 @@ those of :class:`~diagnose.match.engine.RegexEngine` exactly: every occurrence o
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .engine import Engine
 
+_hs: Any
 try:  # the optional extra; available() says whether it can be used
     import hyperscan as _hs
 except ImportError:  # pragma: no cover - exercised where the extra is not installed
@@ -61,7 +64,7 @@ class HyperscanEngine(Engine):
         """One pass; the match callback only appends an offset to its literal's list."""
         if self.db is None or not buf:
             return {}
-        lists = [[] for _ in self.lits]
+        lists: list[list[int]] = [[] for _ in self.lits]
         push = [x.append for x in lists]
         lens = self.lens
         self.db.scan(buf, match_event_handler=lambda i, _s, end, _f, _c: push[i](end - lens[i]))
@@ -71,4 +74,4 @@ class HyperscanEngine(Engine):
         return {"anchors": self.anchors, "dense": self.dense_keys}
 
     def __setstate__(self, state):
-        self.__init__(state["anchors"], state.get("dense", ()))
+        HyperscanEngine.__init__(self, state["anchors"], state.get("dense", ()))

@@ -58,7 +58,7 @@ def world_from_command(command: str | None) -> int | None:
 
 
 def world_from_log(report: Report) -> int | None:
-    ranks = set()
+    ranks: set[int] = set()
     for f in report.findings:
         ranks.update(r for r in f.ranks if isinstance(r, int))
     st = report.structure

@@ -86,14 +86,16 @@ def snapshot(path: str | os.PathLike) -> Snapshot:
 
 def guess_indent(text: str) -> tuple[int, int]:
     """(mapping indent, dash offset of block sequences under their key), as the file writes them."""
-    mapping = offset = None
-    prev_indent, prev_is_key = None, False
+    mapping: int | None = None
+    offset: int | None = None
+    prev_indent: int | None = None
+    prev_is_key = False
     for line in text.splitlines():
         body = line.lstrip(" ")
         if not body or body.startswith("#"):
             continue
         ind = len(line) - len(body)
-        if (prev_is_key and prev_indent is not None and ind > prev_indent) or (prev_is_key and body.startswith("- ")):
+        if prev_is_key and prev_indent is not None and (ind > prev_indent or body.startswith("- ")):
             if body.startswith("- ") or body == "-":
                 if offset is None:
                     offset = ind - prev_indent
@@ -124,7 +126,7 @@ def _yaml(text: str) -> tuple[YAML, Any]:
     return y, doc
 
 
-def _resolve(doc: CommentedMap, dotted: str, create: bool) -> tuple[CommentedMap | None, str]:
+def _resolve(doc: dict, dotted: str, create: bool) -> tuple[dict | None, str]:
     """The mapping that holds ``dotted``'s last part (Bridge's newer GPTModelConfig nests the
     transformer fields under model.transformer: edit them where they already live)."""
     parts = dotted.split(".")
@@ -148,7 +150,7 @@ def _resolve(doc: CommentedMap, dotted: str, create: bool) -> tuple[CommentedMap
     return cur, last
 
 
-def _insert_sorted(m: CommentedMap, key: str, value: Any):
+def _insert_sorted(m: Any, key: str, value: Any):  # a ruamel CommentedMap (it has .insert)
     """Add a new key where an alphabetically sorted file (Bridge's to_yaml) would have it."""
     keys = [k for k in m]
     if keys == sorted(keys, key=str) and keys:
@@ -180,6 +182,7 @@ def render(snap: Snapshot, changes: Iterable[tuple[str, Any]]) -> str:
                 changed = True
             continue
         holder, last = _resolve(doc, key, create=True)
+        assert holder is not None  # create=True makes the sections on the way
         if last in holder:
             old = holder[last]
             if _plain(old) == value and type(_plain(old)) is type(value):

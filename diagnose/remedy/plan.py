@@ -499,7 +499,7 @@ def predicted_time(before: RunConfig, after: RunConfig, world: int) -> tuple[flo
 
 def _pp_changes(cfg: RunConfig, pp: int) -> list:
     """PP set to ``pp``, with the virtual pipeline kept only where it still divides the layers."""
-    out = [("model.pipeline_model_parallel_size", pp)]
+    out: list[tuple[str, Any]] = [("model.pipeline_model_parallel_size", pp)]
     vp, layers = _get(cfg, "model.virtual_pipeline_model_parallel_size"), _get(cfg, "model.num_layers")
     if vp and (pp == 1 or (layers and int(layers) % (pp * int(vp)))):
         out.append(("model.virtual_pipeline_model_parallel_size", None))
@@ -607,7 +607,7 @@ def add_pp(cfg, ctx, base):
     lay = layout(cfg, world)
     if cfg.get("optimizer.optimizer_cpu_offload") is True:
         cur = float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0))
-        fractions = [f for f in FRACTIONS if f >= cur - 1e-9]
+        fractions: list[float | None] = [f for f in FRACTIONS if f >= cur - 1e-9]
     else:
         fractions = [None]
     best, text = search(cfg, ctx, base, list(range(lay["pp"] + 1, world + 1)), fractions)

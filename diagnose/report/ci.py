@@ -36,7 +36,7 @@ def annotated(report: Report) -> list[Finding]:
     same line (one annotation per line: the specific one)."""
     rc = report.root_cause
     gen = rc.refines if rc is not None else None
-    same = gen is not None and (gen.first.file, gen.first.line) == (rc.hit.file, rc.hit.line)
+    same = rc is not None and gen is not None and (gen.first.file, gen.first.line) == (rc.hit.file, rc.hit.line)
     return [f for f in ordered(report) if not (same and f is gen)]
 
 
@@ -89,7 +89,7 @@ def fix_text(f: Finding, report: Report) -> str | None:
     if not s.fixes:
         return None
     fix = s.fixes[0]
-    overrides = report.root_cause.overrides if is_root(report, f) else []
+    overrides = report.root_cause.overrides if report.root_cause is not None and is_root(report, f) else []
     if overrides:  # the fix the root cause's overrides come from (the first that applies to the config)
         keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
         fix = next((fx for fx in s.fixes if fx.edits and {e.key for e in fx.edits} == keys), fix)
@@ -109,7 +109,7 @@ def message(f: Finding, report: Report) -> str:
     fx = fix_text(f, report)
     if fx:
         lines.append(f"Fix: {' '.join(fx.split())}")
-    if is_root(report, f) and report.root_cause.set_aside:
+    if report.root_cause is not None and is_root(report, f) and report.root_cause.set_aside:
         aside = "; ".join(f"{x.signature.title} ({x.count}x)" for x in report.root_cause.set_aside)
         lines.append(f"Set aside as consequences: {aside}")
     return "\n".join(lines)

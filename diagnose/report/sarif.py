@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from .. import __version__
@@ -82,7 +83,8 @@ class SarifFormatter(Formatter):
         rule_index = {s.id: i for i, s in enumerate(sigs)}
         rules = [self._rule(s) for s in sigs]
 
-        artifacts, art_index = [], {}
+        artifacts: list[dict] = []
+        art_index: dict[str, int] = {}
         for path in report.inputs:
             uri, rel = artifact_uri(path)
             if uri in art_index:
@@ -126,8 +128,8 @@ class SarifFormatter(Formatter):
             fx = ci.fix_text(f, report)
             if fx:
                 res["properties"]["fix"] = " ".join(fx.split())
-            if ci.is_root(report, f):
-                rc = report.root_cause
+            rc = report.root_cause
+            if rc is not None and ci.is_root(report, f):
                 res["properties"]["confidence"] = rc.confidence
                 if rc.overrides:
                     res["properties"]["overrides"] = list(rc.overrides)
@@ -150,7 +152,7 @@ class SarifFormatter(Formatter):
                 res["baselineState"] = "unchanged" if f in baseline else "new"
             results.append(res)
 
-        run = {
+        run: dict[str, Any] = {
             "tool": {
                 "driver": {
                     "name": "diagnose",
