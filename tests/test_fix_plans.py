@@ -190,7 +190,7 @@ def test_every_plan_is_proved_or_refused_with_a_reason(db, case):
     assert report.root_cause is not None, name
     if p.edits:
         before = report.config
-        after = PL.with_changes(before, [(e.key, None if e.new == PL.DELETE else e.new) for e in p.edits])
+        after = PL.with_changes(before, [(e.key, None if e.new is PL.DELETE else e.new) for e in p.edits])
         tp = int(after.get("model.tensor_model_parallel_size") or 1)
         pp = int(after.get("model.pipeline_model_parallel_size") or 1)
         bad = PL.valid_layout(after, world, tp, pp)

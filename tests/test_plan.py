@@ -348,8 +348,8 @@ def test_overrides_for_a_megatron_lm_run_are_its_flags(tmp_path):
 
 
 def test_override_of_a_key_absent_everywhere_gets_a_plus():
-    absent = PL.PlannedEdit("env_vars.NCCL_DEBUG", PL._MISSING, "INFO")
-    known = PL.PlannedEdit("optimizer.optimizer_offload_fraction", PL._MISSING, 0.25)
+    absent = PL.PlannedEdit("env_vars.NCCL_DEBUG", PL.MISSING, "INFO")
+    known = PL.PlannedEdit("optimizer.optimizer_offload_fraction", PL.MISSING, 0.25)
     present = PL.PlannedEdit("model.pipeline_model_parallel_size", 1, 2)
     assert absent.override == "+env_vars.NCCL_DEBUG=INFO"
     assert known.override == "optimizer.optimizer_offload_fraction=0.25"  # Bridge's ConfigContainer has it

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from diagnose.config.overrides import parse
+from diagnose.edits import format_value, override
 from diagnose.launch.local import LocalLauncher, split_command
-from diagnose.remedy.edits import format_value, override
 
 
 def hostile_values(tmp: Path) -> list:

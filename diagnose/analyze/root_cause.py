@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from .. import predicate as P
 from ..db import Database
+from ..edits import apply_edit, override
 from ..model import SEVERITY_RANK, Finding, Hit, RootCause, Signature
-from ..remedy.edits import apply_edit, override
 from . import layers, symptoms
 from .findings import Findings, first_hit
 

@@ -167,7 +167,7 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
             _err(f"diagnose: {fix_path} already has the fix; no override needed", quiet)
         return code
     try:
-        new = E.render(snap, [(e.key, E.DELETE if e.new == PL.DELETE else e.new) for e in plan.edits])
+        new = E.render(snap, [(e.key, e.new) for e in plan.edits])
     except E.EditError as exc:
         raise click.ClickException(str(exc)) from None
     diff = E.unified_diff(snap.text, new, fix_path)

@@ -85,7 +85,7 @@ def show(key):
         )
     if s.fixes:
         c.print("\n[bold]Fixes[/]")
-        from ..remedy.edits import override
+        from ..edits import override
 
         for fx in s.fixes:
             c.print(f"  - [{fx.safety}] {escape(fx.text)}")

@@ -21,9 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from .load import ConfigError
-from .runconfig import RunConfig, normalize
-
-_MISSING = object()
+from .runconfig import MISSING, RunConfig, normalize
 
 
 def _parser():
@@ -77,7 +75,7 @@ def apply_overrides(cfg: RunConfig, overrides: Iterable[str],
     added: list[str] = []
     for text, ov in parse(overrides):
         key = ov.key_or_group
-        present = out.get(key, _MISSING) is not _MISSING
+        present = out.get(key, MISSING) is not MISSING
         exists = present or bool(known and known(key))
         if ov.type == OverrideType.DEL:
             if not present:
@@ -97,7 +95,7 @@ def apply_overrides(cfg: RunConfig, overrides: Iterable[str],
             raise ConfigError(f"override {text!r}: could not append to config, an item is already at {key!r} "
                               f"(use {text[1:]} to change it)")
         parent = key.rsplit(".", 1)[0] if "." in key else None
-        if parent is not None and out.get(parent, _MISSING) is not _MISSING and not isinstance(out.get(parent), dict):
+        if parent is not None and out.get(parent, MISSING) is not MISSING and not isinstance(out.get(parent), dict):
             raise ConfigError(f"override {text!r}: {parent!r} is a value ({out.get(parent)!r}), not a section")
         out.set(key, value)
         if ov.type in (OverrideType.ADD, OverrideType.FORCE_ADD) and not exists:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from .. import predicate as P
 from ..db import Database, applies_to
+from ..edits import apply_edit, override
 from ..model import SEVERITY_RANK, Signature
-from ..remedy.edits import apply_edit, override
 from .runconfig import RunConfig
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from ..predicate import lookup
 
-_MISSING = object()
+MISSING = object()  # "no such key" (None is a value)
 
 
 @lru_cache(maxsize=1)
@@ -35,7 +35,7 @@ class RunConfig:
         return lookup(self.data, dotted, default)
 
     def has(self, dotted: str) -> bool:
-        return self.get(dotted, _MISSING) is not _MISSING
+        return self.get(dotted, MISSING) is not MISSING
 
     def set(self, dotted: str, value: Any):
         cur: Any = self.data

@@ -220,7 +220,7 @@ class RelaunchLoop:
             self.overrides = [PL.PlannedEdit(k, None, v).override for k, v in self._applied.items()]
             return "", added
         snap = E.snapshot(self.config_path)
-        new = E.render(snap, [(e.key, E.DELETE if e.new == PL.DELETE else e.new) for e in edits])
+        new = E.render(snap, [(e.key, e.new) for e in edits])
         res = E.write(snap, new)
         return res.diff, []
 

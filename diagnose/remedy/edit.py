@@ -28,18 +28,13 @@ from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
 
 from .. import atomic
+from ..edits import DELETE
 
 
 class EditError(Exception):
     """The config cannot be rewritten (one line for the user)."""
 
 
-class _Delete:
-    def __repr__(self):
-        return "DELETE"
-
-
-DELETE = _Delete()
 LOCK_SUFFIX = ".diagnose.lock"
 
 

@@ -22,16 +22,14 @@ from typing import Any
 
 from .. import predicate as P
 from ..config import memory as mm
-from ..config.runconfig import RunConfig
+from ..config.runconfig import MISSING, RunConfig
+from ..edits import DELETE, apply_edit, format_value, override
 from ..model import Edit, Fix, Signature
 from . import offload_curve
 from . import resume as RS
-from .edits import apply_edit, format_value, override
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer-offload fractions tried, lowest first
 
-_MISSING = object()
-DELETE = "__delete__"
 
 
 class NoFix(Exception):
@@ -89,32 +87,32 @@ class Estimate:
 @dataclass
 class PlannedEdit:
     key: str
-    old: Any  # _MISSING when the config lacks the key
+    old: Any  # MISSING when the config lacks the key
     new: Any  # DELETE to remove the key
 
     @property
     def changes(self) -> bool:
-        if self.new == DELETE:
-            return self.old is not _MISSING and self.old is not None
-        return self.old is _MISSING or self.old != self.new or type(self.old) is not type(self.new)
+        if self.new is DELETE:
+            return self.old is not MISSING and self.old is not None
+        return self.old is MISSING or self.old != self.new or type(self.old) is not type(self.new)
 
     @property
     def override(self) -> str:
         """Bridge's Hydra grammar: ``key=value``; ``+key=value`` for a key neither the config nor
         Bridge's ConfigContainer has (OmegaConf refuses to set an absent key in a struct
         config); ``~key`` to delete."""
-        if self.new == DELETE:
+        if self.new is DELETE:
             return f"~{self.key}"
         from ..config import schema
 
-        plus = "+" if self.old is _MISSING and not schema.declared(self.key) else ""
+        plus = "+" if self.old is MISSING and not schema.declared(self.key) else ""
         return plus + override(self.key, self.new)
 
     def mlm_flag(self) -> str | None:
         """The Megatron-LM command-line form (``--pipeline-model-parallel-size 2``), or None where
         Megatron-LM has no argument for the key."""
         arg = mlm_argument(self.key)
-        if arg is None or self.new == DELETE:
+        if arg is None or self.new is DELETE:
             return None
         flag = "--" + arg.replace("_", "-")
         if isinstance(self.new, bool):
@@ -124,8 +122,8 @@ class PlannedEdit:
         return f"{flag} {format_value(self.new)}"
 
     def describe(self) -> str:
-        old = "(absent)" if self.old is _MISSING else format_value(self.old)
-        new = "(deleted)" if self.new == DELETE else format_value(self.new)
+        old = "(absent)" if self.old is MISSING else format_value(self.old)
+        new = "(deleted)" if self.new is DELETE else format_value(self.new)
         return f"{self.key}: {old} -> {new}"
 
 
@@ -239,8 +237,8 @@ def mlm_argument(key: str) -> str | None:
 
 # --- config helpers --------------------------------------------------------------------------
 def _get(cfg: RunConfig, key: str, default=None):
-    v = cfg.get(key, _MISSING)
-    return default if v is _MISSING or v is None else v
+    v = cfg.get(key, MISSING)
+    return default if v is MISSING or v is None else v
 
 
 def _int(cfg: RunConfig, key: str, default: int = 1) -> int:
@@ -254,7 +252,7 @@ def _int(cfg: RunConfig, key: str, default: int = 1) -> int:
 def with_changes(cfg: RunConfig, changes: list) -> RunConfig:
     out = cfg.copy()
     for key, value in changes:
-        if value == DELETE:
+        if value is DELETE:
             out.delete(key)
         else:
             out.set(key, value)
@@ -738,7 +736,7 @@ def _planned(cfg: RunConfig, changes: list) -> list[PlannedEdit]:
         if key in done:
             continue
         done.add(key)
-        out.append(PlannedEdit(key, cfg.get(key, _MISSING), seen[key]))
+        out.append(PlannedEdit(key, cfg.get(key, MISSING), seen[key]))
     return out
 
 
@@ -762,11 +760,11 @@ def _same_in(failed: RunConfig | None, changes: list) -> bool:
     if failed is None:
         return False
     for key, value in changes:
-        cur = failed.get(key, _MISSING)
-        if value == DELETE:
-            if cur is not _MISSING and cur is not None:
+        cur = failed.get(key, MISSING)
+        if value is DELETE:
+            if cur is not MISSING and cur is not None:
                 return False
-        elif cur is _MISSING or cur != value:
+        elif cur is MISSING or cur != value:
             return False
     return True
 
@@ -854,11 +852,11 @@ def rebase(p: Plan, target: RunConfig | None) -> Plan:
         return p
     for pf in p.fixes:
         for e in pf.edits:
-            e.old = target.get(e.key, _MISSING)
+            e.old = target.get(e.key, MISSING)
         pf.already_applied = not any(e.changes for e in pf.edits)
     for r in p.refused:
         for e in r.edits:
-            e.old = target.get(e.key, _MISSING)
+            e.old = target.get(e.key, MISSING)
     return p
 
 
@@ -912,14 +910,14 @@ def to_json(p: Plan) -> dict:
         "causes": [s.id for s in p.causes],
         "fixes": [{"signature": pf.signature.id, "safety": pf.safety, "text": pf.fix.text, "reason": pf.reason,
                    "already_applied": pf.already_applied,
-                   "edits": [{"key": e.key, "old": None if e.old is _MISSING else e.old,
-                              "new": None if e.new == DELETE else e.new, "delete": e.new == DELETE}
+                   "edits": [{"key": e.key, "old": None if e.old is MISSING else e.old,
+                              "new": None if e.new is DELETE else e.new, "delete": e.new is DELETE}
                              for e in pf.edits if e.changes],
                    "predicted": {"before": est(pf.effect.before), "after": est(pf.effect.after),
                                  "slowdown": pf.effect.slowdown, "text": pf.effect.describe()}}
                   for pf in p.fixes],
         "refused": [{"signature": r.signature.id, "safety": r.fix.safety, "text": r.fix.text, "reason": r.reason,
-                     "edits": [{"key": e.key, "new": None if e.new == DELETE else e.new} for e in r.edits if e.changes],
+                     "edits": [{"key": e.key, "new": None if e.new is DELETE else e.new} for e in r.edits if e.changes],
                      "predicted": {"before": est(r.effect.before), "after": est(r.effect.after),
                                    "slowdown": r.effect.slowdown, "text": r.effect.describe()}}
                     for r in p.refused],

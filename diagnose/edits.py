@@ -1,10 +1,31 @@
-"""Config edits as data: apply one Edit to a value, render a ``key=value`` override."""
+"""Config edits as data, shared by the diagnosis (a root cause's overrides), the preflight checks
+and the remedy: apply one signature Edit to a value, render a ``key=value`` override, and the
+one marker of a key to delete."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from ..model import Edit
+from .model import Edit
+
+
+class _Delete:
+    """The value of a change that removes the key (one object: compared with ``is``)."""
+
+    def __repr__(self):
+        return "DELETE"
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):  # pickled (a worker's result) as the module's own object
+        return "DELETE"
+
+
+DELETE = _Delete()
 
 _SPECIAL = set(" ,[]{}()='\"\\:$*?")
 _PLAIN = re.compile(r"[\w.\-/+@%]+", re.ASCII)  # what Hydra reads unquoted as the same string
