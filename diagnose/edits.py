@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .model import Edit
+from .model import Edit, Signature
 
 
 class _Delete:
@@ -76,3 +76,34 @@ def override(key: str, value: Any, op: str | None = None) -> str:
     if op == "delete":
         return f"~{key}"
     return f"{key}={format_value(value)}"
+
+
+def fix_overrides(sig: Signature, cfg: Any, roots: dict, preflight: bool = False) -> list[str]:
+    """``key=value`` overrides of the first applicable fix with structured edits (what
+    run_recipe.py takes), for the diagnosis and for the preflight checks alike.
+
+    ``preflight``: the whole config is known (``diagnose check``): a fix applies when its
+    ``when`` holds, and edits that change nothing are left out. In a diagnosis the config is often
+    partial or absent: a fix applies unless its ``when`` is false, and an edit whose current value
+    is unknown is shown as the operation (``key=x2``)."""
+    from . import predicate as P
+
+    for fix in sig.fixes:
+        if not fix.edits:
+            continue
+        if fix.when:
+            verdict = P.evaluate(fix.when, roots)
+            if (not P.is_true(verdict)) if preflight else verdict is False:
+                continue
+        out = []
+        for e in fix.edits:
+            cur = cfg.get(e.key) if cfg is not None else None
+            if not preflight and e.op in ("scale", "add") and not isinstance(cur, (int, float)):
+                out.append(f"{e.key}={'x' if e.op == 'scale' else '+'}{e.value}")
+                continue
+            changed, new = apply_edit(cur, e)
+            if changed or not preflight:
+                out.append(override(e.key, new, e.op))
+        if out or not preflight:
+            return out
+    return []

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .. import predicate as P
 from ..db import Database
-from ..edits import apply_edit, override
+from ..edits import fix_overrides
 from ..model import SEVERITY_RANK, Finding, Hit, RootCause, Signature
 from . import layers, symptoms
 from .findings import Findings, first_hit
@@ -232,22 +232,8 @@ def _refine(db: Database, sig: Signature, hit: Hit, cfg, metrics: dict) -> Signa
 
 
 def static_overrides(sig: Signature, cfg, roots: dict) -> list[str]:
-    """``key=value`` overrides of the first applicable fix with structured edits."""
-    for fix in sig.fixes:
-        if not fix.edits:
-            continue
-        if fix.when and P.evaluate(fix.when, roots) is False:
-            continue
-        out = []
-        for e in fix.edits:
-            cur = cfg.get(e.key) if cfg is not None else None
-            if e.op in ("scale", "add") and not isinstance(cur, (int, float)):
-                out.append(f"{e.key}={'x' if e.op == 'scale' else '+'}{e.value}")
-                continue
-            _, new = apply_edit(cur, e)
-            out.append(override(e.key, new, e.op))
-        return out
-    return []
+    """``key=value`` overrides of the first applicable fix (edits.fix_overrides, in a diagnosis)."""
+    return fix_overrides(sig, cfg, roots, preflight=False)
 
 
 def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: int | None) -> dict | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .. import predicate as P
 from ..db import Database, applies_to
-from ..edits import apply_edit, override
+from ..edits import fix_overrides as edit_overrides
 from ..model import SEVERITY_RANK, Signature
 from .runconfig import RunConfig
 
@@ -57,18 +57,8 @@ def roots(cfg: RunConfig, metrics: dict | None = None) -> dict:
 
 
 def fix_overrides(sig: Signature, cfg: RunConfig, rts: dict) -> list[str]:
-    """The first applicable fix's edits as ``key=value`` overrides (what run_recipe.py takes)."""
-    for fx in sig.fixes:
-        if fx.when and not P.is_true(P.evaluate(fx.when, rts)):
-            continue
-        out = []
-        for e in fx.edits:
-            changed, new = apply_edit(cfg.get(e.key), e)
-            if changed:
-                out.append(override(e.key, new, e.op))
-        if out:
-            return out
-    return []
+    """The first applicable fix's edits as ``key=value`` overrides (edits.fix_overrides, preflight)."""
+    return edit_overrides(sig, cfg, rts, preflight=True)
 
 
 def evaluate(cfg: RunConfig, db: Database, versions: dict, metrics: dict | None = None) -> list[CheckFinding]:
