@@ -98,10 +98,15 @@ def _world(cfg: RunConfig, res: ScanResult) -> int | None:
         w = cfg.get(key)
         if isinstance(w, int) and not isinstance(w, bool) and w > 0:
             return w
-    from .remedy.causes import round_up_world
+    from .config import layout
 
     seen = _ranks_seen(res)
-    return round_up_world(max(seen) + 1 if seen else None, cfg)
+    if not seen:
+        return None
+    try:
+        return layout.of(cfg).round_up(max(seen) + 1)
+    except layout.LayoutError:
+        return max(seen) + 1
 
 
 def _ranks_seen(res: ScanResult) -> set:

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import yaml
 
+from . import layout
 from .runconfig import RunConfig
 
 GB = 1e9
@@ -200,30 +201,20 @@ class _Layout:
     edp: int
 
 
-def smallest_world(tp, pp, cp, ep, etp) -> int:
-    return math.lcm(tp * pp * cp, etp * ep * pp)
-
-
 def _layout(cfg: RunConfig, world_size: int | None, notes: list) -> _Layout:
-    tp = _int(cfg, "model.tensor_model_parallel_size", 1) or 1
-    pp = _int(cfg, "model.pipeline_model_parallel_size", 1) or 1
-    cp = _int(cfg, "model.context_parallel_size", 1) or 1
-    ep = _int(cfg, "model.expert_model_parallel_size", 1) or 1
-    etp = _int(cfg, "model.expert_tensor_parallel_size", None)
-    if etp is None:
-        etp = tp  # MCore: expert_tensor_parallel_size defaults to tensor_model_parallel_size
-    vpp = _int(cfg, "model.virtual_pipeline_model_parallel_size", 1) or 1
-    if min(tp, pp, cp, ep, etp, vpp) < 1:
-        raise MemoryModelError("parallel sizes must be >= 1")
+    try:
+        lay = layout.of(cfg)  # ETP defaults to TP, as in MCore
+    except layout.LayoutError as exc:
+        raise MemoryModelError(str(exc)) from None
+    tp, pp, cp, ep, etp, vpp = lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp
     sp = bool(cfg.get("model.sequence_parallel")) and tp > 1
-    smallest = smallest_world(tp, pp, cp, ep, etp)
     if world_size is None:
-        world = smallest
+        world = lay.smallest_world()
         notes.append(f"world size {world}: the smallest the layout allows (TP·PP·CP = {tp * pp * cp}, "
                      f"ETP·EP·PP = {etp * ep * pp}); give --world-size for the real job")
     else:
         world = int(world_size)
-        if world < 1 or world % (tp * pp * cp) or world % (etp * ep * pp):
+        if not lay.fits(world):
             raise MemoryModelError(f"world size {world} is not divisible by TP·PP·CP = {tp * pp * cp} "
                                    f"and ETP·EP·PP = {etp * ep * pp}")
     return _Layout(tp, pp, cp, ep, etp, vpp, sp, world, world // (tp * pp * cp), world // (etp * ep * pp))

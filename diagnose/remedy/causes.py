@@ -12,11 +12,11 @@ specific ``refine`` of the CUDA OOM whose config predicate holds).
 """
 from __future__ import annotations
 
-import math
 import re
 import shlex
 
 from .. import predicate as P
+from ..config import layout as L
 from ..config import memory as mm
 from ..config.runconfig import RunConfig, from_log_blocks
 from ..db import Database, applies_to
@@ -78,13 +78,10 @@ def round_up_world(seen: int | None, cfg: RunConfig | None) -> int | None:
         return None
     if cfg is None:
         return seen
-    def g(k):
-        v = cfg.get(f"model.{k}_parallel_size")
-        return int(v) if isinstance(v, int) and v > 0 else 1
-    tp, pp, cp, ep = g("tensor_model"), g("pipeline_model"), g("context"), g("expert_model")
-    etp = g("expert_tensor")
-    step = math.lcm(tp * pp * cp, ep * etp * pp)
-    return -(-seen // step) * step
+    try:
+        return L.of(cfg).round_up(seen)
+    except L.LayoutError:  # a printed config with a size that is no number: the log's count stands
+        return seen
 
 
 def mcore_validator(db: Database, base: RunConfig | None):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import predicate as P
+from ..config import layout as L
 from ..config import memory as mm
 from ..config.runconfig import MISSING, RunConfig
 from ..edits import DELETE, apply_edit, format_value, override
@@ -260,11 +261,9 @@ def with_changes(cfg: RunConfig, changes: list) -> RunConfig:
 
 
 def layout(cfg: RunConfig, world: int | None) -> dict:
-    d = {k: _int(cfg, f"model.{k}_parallel_size") for k in
-         ("tensor_model", "pipeline_model", "context", "expert_model", "expert_tensor")}
-    tp, pp, cp = d["tensor_model"], d["pipeline_model"], d["context"]
-    dp = world // (tp * pp * cp) if world and world % (tp * pp * cp) == 0 else None
-    return {"tp": tp, "pp": pp, "cp": cp, "ep": d["expert_model"], "etp": d["expert_tensor"], "dp": dp}
+    """The config's layout (config/layout.py) and its data-parallel size at ``world`` GPUs."""
+    lay = L.of(cfg)
+    return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp(world)}
 
 
 def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: int | None = None,
