@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import atomic
-from .model import SEVERITY_RANK, Finding
+from .model import Finding, fails_gate
 from .report.fingerprint import FINGERPRINT_VERSION, fingerprint, normalize_file, normalize_text
 
 BASELINE_VERSION = 1
@@ -104,7 +104,7 @@ def load(path: str) -> Baseline:
 
 def at_or_above(f: Finding, fail_on: str) -> bool:
     """Severity at or above ``fail_on``; advice lines never fail a gate."""
-    return f.signature.role != "advice" and SEVERITY_RANK[f.signature.severity] >= SEVERITY_RANK[fail_on]
+    return fails_gate(f.signature.severity, f.signature.role, fail_on)
 
 
 @dataclass

@@ -19,6 +19,13 @@ CATEGORIES = (
 )
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+def fails_gate(severity: str, role: str | None, fail_on: str) -> bool:
+    """The one rule of every gate (scan, check, CI formats): severity at or above ``fail_on``;
+    advice never fails."""
+    return role != "advice" and SEVERITY_RANK[severity] >= SEVERITY_RANK[fail_on]
+
 # root: a primary cause. cascade: a consequence of another failure (promoted to root only when
 # nothing else explains the run). confirmation: corroborates (e.g. torchrun's summary block).
 # advice: a harmless warning or hint, never a root cause.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .. import predicate as P
 from ..db import Database, applies_to
 from ..edits import fix_overrides as edit_overrides
-from ..model import SEVERITY_RANK, Signature
+from ..model import SEVERITY_RANK, Signature, fails_gate
 from .runconfig import RunConfig
 
 
@@ -40,9 +40,7 @@ class CheckFinding:
         return self.signature.severity if self.signature else self.severity
 
     def fails(self, threshold: str) -> bool:
-        if self.signature is not None and self.signature.role == "advice":
-            return False
-        return SEVERITY_RANK[self.level] >= SEVERITY_RANK[threshold]
+        return fails_gate(self.level, self.signature.role if self.signature is not None else None, threshold)
 
 
 def rule_signatures(db: Database, versions: dict) -> list[Signature]:
