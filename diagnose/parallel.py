@@ -170,12 +170,8 @@ def merge_structure(dst: S.Structure, src: S.Structure):
         elif name == "decimation":
             continue
         elif name == "torchrun":
-            for c in b:  # TorchrunBlock._close: bounded, without duplicates
-                if len(a) < S.MAX_RECORDS and not any(
-                    (t.section, t.rank, t.exitcode, t.time, t.file) == (c.section, c.rank, c.exitcode, c.time, c.file)
-                    for t in a
-                ):
-                    a.append(c)
+            for c in b:
+                S.add_torchrun(dst, c)
         elif name == "timers":
             a.update(b)
         elif name in ("tally", "skipped"):

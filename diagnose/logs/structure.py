@@ -517,12 +517,8 @@ class TorchrunBlock(Block):
         self.rules = 0
 
     def _close(self):
-        c = self.cur
-        if c is not None and len(self.s.torchrun) < MAX_RECORDS and not any(
-            (t.section, t.rank, t.exitcode, t.time, t.file) == (c.section, c.rank, c.exitcode, c.time, c.file)
-            for t in self.s.torchrun
-        ):
-            self.s.torchrun.append(c)
+        if self.cur is not None:
+            add_torchrun(self.s, self.cur)
         self.cur = None
 
     def line(self, text, line):
@@ -761,3 +757,11 @@ def add_timer_record(s: Structure, file: str, line: int, vals: dict) -> None:
     s.timer_records.append((file, line, vals))
     if len(s.timer_records) > 2 * MAX_TIMER_RECORDS:
         del s.timer_records[:-MAX_TIMER_RECORDS]
+
+
+def add_torchrun(s: Structure, c: TorchrunFailure) -> None:
+    """One torchrun failure record, once (torchrun prints its summary on every node), bounded."""
+    key = (c.section, c.rank, c.exitcode, c.time, c.file)
+    if len(s.torchrun) < MAX_RECORDS and not any((t.section, t.rank, t.exitcode, t.time, t.file) == key
+                                                 for t in s.torchrun):
+        s.torchrun.append(c)
