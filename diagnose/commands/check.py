@@ -17,8 +17,7 @@ import click
 from .. import exitcodes
 from .. import predicate as P
 from ..config import memory as M
-from ..config import rules as R
-from ..config import schema as S
+from ..config import rules, schema
 from ..config.load import ConfigError, check_keys, load_config
 from ..config.overrides import apply_overrides
 from ..config.runconfig import RunConfig
@@ -79,7 +78,7 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
     """The whole check as data: {"config", "findings": [CheckFinding], "memory": MemoryEstimate|None, "notes"}."""
     cfg, notes = load_base(config, preset)
     db_keys = _db_keys(db)
-    cfg, more = apply_overrides(cfg, overrides, lambda k: S.known(k) or k in db_keys)
+    cfg, more = apply_overrides(cfg, overrides, lambda k: schema.known(k) or k in db_keys)
     notes += more
     added = cfg.added_keys
     if "(mlm_args)" in str(cfg.source) or "(bridge_" in str(cfg.source):
@@ -119,7 +118,7 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
     if world_size is not None and cfg.get("mlm.world_size") is None:
         rcfg = cfg.copy()
         rcfg.set("mlm.world_size", int(world_size))  # the name the database's world-size rules read
-    findings = R.evaluate(rcfg, db, versions, metrics)
+    findings = rules.evaluate(rcfg, db, versions, metrics)
     mcore_results = []
     if use_mcore:
         from ..config import mcore
@@ -137,17 +136,17 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
                 f.evidence = f"{f.evidence} | {ev}"
             elif res.signature is not None:
                 findings.append(
-                    R.CheckFinding(
+                    rules.CheckFinding(
                         res.signature,
                         "mcore",
                         ev,
-                        R.fix_overrides(res.signature, cfg, R.roots(cfg, metrics)),
+                        rules.fix_overrides(res.signature, cfg, rules.roots(cfg, metrics)),
                         res.signature.title,
                         res.signature.severity,
                     )
                 )
             else:
-                findings.append(R.CheckFinding(None, "mcore", ev, [], f"MCore refused the config ({res.exc_type}); "
+                findings.append(rules.CheckFinding(None, "mcore", ev, [], f"MCore refused the config ({res.exc_type}); "
                                                "no signature names this message", "error"))
         iv = mcore.version()
         built = [st for st, sec in (("TransformerConfig", "model"), ("OptimizerConfig", "optimizer"))
@@ -160,7 +159,7 @@ def run_check(config, overrides, db, versions, *, gpu=None, gpu_memory=None, wor
     return {"config": cfg, "findings": findings, "memory": est, "notes": notes, "mcore": mcore_results}
 
 
-def finding_dict(f: R.CheckFinding) -> dict:
+def finding_dict(f: rules.CheckFinding) -> dict:
     s = f.signature
     return {
         "signature": s.id if s else None, "slug": s.slug if s else None, "title": f.title or (s.title if s else ""),

@@ -16,8 +16,9 @@ import re
 import shlex
 
 from .. import predicate as P
-from ..config import layout as L
 from ..config import memory as mm
+from ..config.layout import LayoutError
+from ..config.layout import of as layout_of
 from ..config.runconfig import RunConfig, from_log_blocks
 from ..db import Database, applies_to
 from ..model import SEVERITY_RANK, Report, Signature
@@ -79,8 +80,8 @@ def round_up_world(seen: int | None, cfg: RunConfig | None) -> int | None:
     if cfg is None:
         return seen
     try:
-        return L.of(cfg).round_up(seen)
-    except L.LayoutError:  # a printed config with a size that is no number: the log's count stands
+        return layout_of(cfg).round_up(seen)
+    except LayoutError:  # a printed config with a size that is no number: the log's count stands
         return seen
 
 

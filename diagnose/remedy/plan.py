@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import predicate as P
-from ..config import layout as L
 from ..config import memory as mm
+from ..config.layout import of as layout_of
 from ..config.runconfig import MISSING, RunConfig
 from ..edits import DELETE, apply_edit, format_value, override
 from ..model import Edit, Fix, Signature
@@ -262,7 +262,7 @@ def with_changes(cfg: RunConfig, changes: list) -> RunConfig:
 
 def layout(cfg: RunConfig, world: int | None) -> dict:
     """The config's layout (config/layout.py) and its data-parallel size at ``world`` GPUs."""
-    lay = L.of(cfg)
+    lay = layout_of(cfg)
     return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp(world)}
 
 
