@@ -146,17 +146,25 @@ def test(ids, verbose):
 @signatures.command("export")
 @click.option("--patterns", "what", flag_value="patterns", default=True,
               help="One pattern per line for grep -E -f / rg -f: every anchor the scan uses, regex-escaped.")
+@click.option("--schema", "what", flag_value="schema",
+              help="The JSON Schema of a signature file (signatures/schema.json), for editors.")
 @click.option(
     "--signatures-only", is_flag=True, help="Leave out the structure parsers' anchors (iteration, timers...)."
 )
 @click.option("--mcore-version", help="Only signatures that apply to this Megatron-Core version (default: all).")
 def export(what, signatures_only, mcore_version):
-    """Export the database for other tools: ``--patterns`` (the default) for grep and ripgrep.
+    """Export the database for other tools: ``--patterns`` (the default) for grep and ripgrep,
+    ``--schema`` for editors.
 
     \b
       diagnose signatures export --patterns > patterns.txt
       rg -c -f patterns.txt run.log        grep -c -E -f patterns.txt run.log
     """
+    if what == "schema":
+        from ..sigschema import text
+
+        click.echo(text(), nl=False)
+        return exitcodes.OK
     from ..match.engine import line_pattern, scan_anchors
 
     db = load_db()
