@@ -29,7 +29,11 @@ _CASE = {"oneOf": [
 
 
 def schema() -> dict:
-    sig_props = {
+    match = {"type": "object", "additionalProperties": False, "properties": {
+        "anchors": {"oneOf": [_STR, {"type": "array", "items": _STR, "minItems": 1}]},
+        "regex": {"type": "string"},
+        "captures_when": {"type": "string"}}}
+    sig_props: dict[str, dict] = {
         "id": {"type": "string", "pattern": r"^MB-[A-Z]+-\d{3}$"},
         "slug": {"type": "string", "pattern": r"^[a-z0-9]+(-[a-z0-9]+)*$"},
         "title": _STR,
@@ -37,10 +41,7 @@ def schema() -> dict:
         "severity": {"enum": list(SEVERITIES)},
         "role": {"enum": list(ROLES)},
         "scope": {"enum": list(SCOPES), "default": "line"},
-        "match": {"type": "object", "additionalProperties": False, "properties": {
-            "anchors": {"oneOf": [_STR, {"type": "array", "items": _STR, "minItems": 1}]},
-            "regex": {"type": "string"},
-            "captures_when": {"type": "string"}}},
+        "match": match,
         "cause": _STR,
         "confirm": {"oneOf": [{"type": "string"}, {"type": "object", "additionalProperties": False,
                                                    "properties": {"text": {"type": "string"},
@@ -67,7 +68,7 @@ def schema() -> dict:
         "last_verified": {"type": ["string", "null"]},
     }
     assert set(sig_props) == DB._SIG_FIELDS, set(sig_props) ^ DB._SIG_FIELDS  # one vocabulary
-    assert set(sig_props["match"]["properties"]) == DB._MATCH_FIELDS
+    assert set(match["properties"]) == DB._MATCH_FIELDS
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
