@@ -29,10 +29,9 @@ _CASE = {"oneOf": [
 
 
 def schema() -> dict:
-    match = {"type": "object", "additionalProperties": False, "properties": {
-        "anchors": {"oneOf": [_STR, {"type": "array", "items": _STR, "minItems": 1}]},
-        "regex": {"type": "string"},
-        "captures_when": {"type": "string"}}}
+    match_props = {"anchors": {"oneOf": [_STR, {"type": "array", "items": _STR, "minItems": 1}]},
+                   "regex": {"type": "string"}, "captures_when": {"type": "string"}}
+    match = {"type": "object", "additionalProperties": False, "properties": match_props}
     sig_props: dict[str, dict] = {
         "id": {"type": "string", "pattern": r"^MB-[A-Z]+-\d{3}$"},
         "slug": {"type": "string", "pattern": r"^[a-z0-9]+(-[a-z0-9]+)*$"},
@@ -68,7 +67,7 @@ def schema() -> dict:
         "last_verified": {"type": ["string", "null"]},
     }
     assert set(sig_props) == DB._SIG_FIELDS, set(sig_props) ^ DB._SIG_FIELDS  # one vocabulary
-    assert set(match["properties"]) == DB._MATCH_FIELDS
+    assert set(match_props) == DB._MATCH_FIELDS
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
