@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from fuzz_counts import Counts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,7 @@ from diagnose.logs import read as R
 from diagnose.logs import structure as S
 from diagnose.scan import ScanResult
 
-COUNTS: dict = {}
+COUNTS = Counts()
 FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 N_READER_PLAIN = 3000
@@ -47,14 +48,7 @@ _TMP = Path(tempfile.mkdtemp(prefix="diagnose-fuzz-"))
 atexit.register(shutil.rmtree, _TMP, True)
 
 
-def _count(name: str):
-    COUNTS[name] = COUNTS.get(name, 0) + 1
-
-
-def _report(name: str, wanted: int):
-    n = COUNTS.get(name, 0)
-    print(f"fuzz {name}: {n} examples")
-    assert n >= 0.9 * wanted, f"{name}: only {n} of {wanted} examples ran"
+_count, _report = COUNTS.count, COUNTS.report
 
 
 

@@ -16,6 +16,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
+from fuzz_counts import Counts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,7 @@ from diagnose.logs.read import MAX_LINE
 from diagnose.remedy import plan as PL
 
 FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
-COUNTS: dict = {}
+COUNTS = Counts()
 REPO = Path(__file__).resolve().parent.parent
 SEED = yaml.safe_load((REPO / "fixtures/logs/seed/qwen3_30b_a3b_activation_offload_pp1_oom.yaml").read_text())
 _DB = DB.load()
@@ -35,14 +36,7 @@ _DB = DB.load()
 FIXABLE = [s for s in _DB.signatures if any(f.edits or f.compute for f in s.fixes)]
 
 
-def _count(name: str):
-    COUNTS[name] = COUNTS.get(name, 0) + 1
-
-
-def _report(name: str, wanted: int):
-    n = COUNTS.get(name, 0)
-    print(f"fuzz {name}: {n} examples")
-    assert n >= 0.9 * wanted, f"{name}: only {n} of {wanted} examples ran"
+_count, _report = COUNTS.count, COUNTS.report
 
 
 def _one_line(exc: Exception):

@@ -31,3 +31,10 @@ def test_a_size_that_is_no_whole_number_is_one_error(value, why):
     with pytest.raises(L.LayoutError, match=why):
         L.of(cfg(pipeline_model=value))
     assert L.of(cfg(pipeline_model=4.0)).pp == 4
+
+
+def test_one_gpu_fits_a_layout_of_one_and_dp_is_a_whole_number():
+    one = L.of(RunConfig())
+    assert one.fits(1) and one.dp(1) == 1 and one.smallest_world() == 1
+    dp = L.of(cfg(tensor_model=2)).dp(8)
+    assert dp == 4 and isinstance(dp, int)
