@@ -188,3 +188,41 @@ def test_a_long_unfinished_line_after_whole_lines_is_bounded_too(tmp_path):
     _append(log, "\n" + OOM + "\n")
     fol.poll()
     assert fol.fatal() is not None and fol.fatal().first.line >= 3
+
+
+WARN = ("[rank0]:[W1130 03:22:06.224000418 ProcessGroupNCCL.cpp:4561] [PG ID 0 PG GUID 0 Rank 0]  using GPU 0 "
+        "to perform barrier as devices used by this process are currently unknown.")
+PP_OFFLOAD = "[rank0]: ValueError: Currently there is no support for Pipeline parallelism with CPU offloading"
+
+
+def test_only_new_or_grown_findings_are_reported_and_the_bytes_add_up(tmp_path):
+    """From mutation survivors: a finding is returned when it first appears or its count grows,
+    not on every poll; the bytes read add up over the polls; the report closes a last line that
+    has no newline."""
+    log = tmp_path / "run.log"
+    log.write_text(OOM + "\n")
+    fol = Follower(log, load())
+    first = {f.id: f.count for f in fol.poll()}
+    assert first and set(first.values()) == {1} and "MB-OOM-001" in first
+    assert fol.poll() == []  # nothing new
+    _append(log, "an ordinary line\n")
+    assert fol.poll() == []  # new bytes, but no finding grew
+    _append(log, OOM + "\n")
+    again = {f.id: f.count for f in fol.poll()}
+    assert set(again) == set(first) and set(again.values()) == {2}
+    _append(log, "iteration 3 without its newline")
+    rep = fol.report()
+    assert rep.bytes_read == log.stat().st_size and rep.lines_read == 4
+    assert rep.inputs == [str(log)] and rep.root_cause.finding.signature.id == "MB-OOM-001"
+
+
+def test_the_fatal_finding_is_the_earliest_error_root_and_a_warning_is_not_fatal(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text(WARN + "\n")
+    fol = Follower(log, load())
+    fol.poll()
+    assert fol.fatal() is None and fol.first_fatal_at is None  # a warning never stops a run
+    _append(log, PP_OFFLOAD + "\n" + OOM + "\n")
+    fol.poll()
+    assert fol.first_fatal_at is not None
+    assert fol.fatal().signature.id == "MB-OFF-002"  # the earlier of two fatal lines, not the last

@@ -174,3 +174,68 @@ def test_precision_aware_optimizer_and_grad_dtype_change_the_bytes(march):
 def test_cuda_graph_pools_are_said_not_counted(march):
     est = M.estimate(_with(march, "model.cuda_graph_impl=transformer_engine"), world_size=16)
     assert any("CUDA graphs" in n for n in est.notes)
+
+
+# --- each term of the model against a hand count (a small dense GPT, bf16, one GPU) -----------
+# h 1024, 16 heads of d 64 in 4 query groups, SwiGLU ffn 4096, 4 layers, vocab 32000: a change of
+# one setting moves the parameters by a count written out below; weights are 2 B per parameter
+# (bf16), gradients 4 B, the optimizer 12 B (FP32 master + Adam m, v) on one GPU.
+SMALL = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "num_query_groups": 4,
+         "ffn_hidden_size": 4096, "vocab_size": 32000, "seq_length": 2048, "gated_linear_unit": True,
+         "make_vocab_size_divisible_by": 128}
+Lh, H, D, G, F, V = 4, 1024, 64, 4, 4096, 32000
+
+
+def _small(model=None, **top):
+    return M.estimate(RunConfig({"model": {**SMALL, **(model or {})}, **top}), world_size=1)
+
+
+@pytest.mark.parametrize("change,params", [
+    ({"add_qkv_bias": True}, (16 * D + 2 * G * D) * Lh),          # q, k, v biases
+    ({"qk_layernorm": True}, 2 * D * Lh),                         # a norm of the head dim for q and k
+    ({"gated_linear_unit": False}, -H * F * Lh),                  # 2 matrices instead of 3
+    ({"num_query_groups": 8}, 2 * D * H * (8 - G) * Lh),          # k and v grow with the groups
+    ({"share_embeddings_and_output_weights": True}, -V * H),      # one vocab matrix at PP=1
+    ({"vocab_size": 32001}, 128 * H * 2),                         # padded to the next multiple of 128, twice
+], ids=["qkv-bias", "qk-norm", "no-swiglu", "more-kv-groups", "tied", "vocab-padding"])
+def test_each_parameter_term_moves_weights_grads_and_optimizer_by_its_count(change, params):
+    base, after = _small().breakdown, _small(change).breakdown
+    assert after["weights"] - base["weights"] == pytest.approx(2 * params / 1e9, abs=1e-12)
+    assert after["grads"] - base["grads"] == pytest.approx(4 * params / 1e9, abs=1e-12)
+    assert after["optimizer_gpu"] - base["optimizer_gpu"] == pytest.approx(12 * params / 1e9, abs=1e-12)
+    if not {"gated_linear_unit", "vocab_size"} & set(change):  # the MLP's and the logits' activations move
+        assert after["activations"] == base["activations"]
+
+
+def test_a_multi_token_prediction_layer_is_a_layer_and_its_projection():
+    layer = 2 * H * H + 2 * G * D * H + 3 * H * F + 2 * H  # attention, SwiGLU MLP, two norms
+    grown = (_small({"mtp_num_layers": 1}).breakdown["weights"] - _small().breakdown["weights"]) * 1e9 / 2
+    assert layer + 2 * H * H <= grown <= layer + 2 * H * H + 4 * H  # + the 2h -> h projection (and its norms)
+
+
+def test_fp32_parameters_have_no_separate_master_copy():
+    base, fp32 = _small(), _small({"bf16": False})
+    assert fp32.breakdown["weights"] == pytest.approx(2 * base.breakdown["weights"])
+    assert fp32.breakdown["grads"] == pytest.approx(base.breakdown["grads"])
+    assert fp32.breakdown["optimizer_gpu"] == pytest.approx(base.breakdown["optimizer_gpu"] * 8 / 12)
+    assert any("no separate FP32 master copy" in n for n in fp32.notes)
+
+
+def test_activations_scale_with_the_micro_batch_and_only_full_recompute_saves_them():
+    base = _small().breakdown["activations"]
+    assert _small(train={"micro_batch_size": 2}).breakdown["activations"] == pytest.approx(2 * base)
+    assert _small(train={"micro_batch_size": 4}).breakdown["activations"] == pytest.approx(4 * base)
+    selective = _small({"recompute_granularity": "selective"})
+    assert selective.breakdown["activations"] == pytest.approx(base)  # core attention is never stored (flash)
+    assert any("selective recompute" in n for n in selective.notes)
+    full = _small({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1})
+    assert full.breakdown["activations"] < 0.7 * base
+    assert _small(model={"seq_length": 4096}).breakdown["activations"] > 2 * base - 1e-9
+
+
+def test_cuda_graphs_are_said_whichever_switch_turns_them_on():
+    for change in ({"enable_cuda_graph": True}, {"cuda_graph_impl": "transformer_engine"}):
+        est = _small(change)
+        assert any("CUDA graphs" in n for n in est.notes), change
+        assert est.breakdown["activations"] == _small().breakdown["activations"]
+    assert not any("CUDA graphs" in n for n in _small({"cuda_graph_impl": "none"}).notes)

@@ -128,12 +128,14 @@ class Follower:
         """Close the scan (the last line without a newline counts) and analyze everything read."""
         if not self.closed:
             self.poll()
-            if self.carry:
+            unfinished = 0
+            if self.carry:  # the last line, without its newline: it counts, as in a batch scan
                 tail, self.carry = self.carry, b""
                 self._scan(tail)
+                unfinished = 1
             self.scanner._close_blocks(self.res)
             self.res.sources.append(self.name)
-            self.res.lines_read = self.line - 1
+            self.res.lines_read = self.line - 1 + unfinished
             self.closed = True
         return analyze(self.db, self.res, self.config)
 
