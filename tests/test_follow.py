@@ -226,3 +226,38 @@ def test_the_fatal_finding_is_the_earliest_error_root_and_a_warning_is_not_fatal
     fol.poll()
     assert fol.first_fatal_at is not None
     assert fol.fatal().signature.id == "MB-OFF-002"  # the earlier of two fatal lines, not the last
+
+
+def test_a_truncated_or_replaced_file_is_read_anew_from_line_one(tmp_path):
+    """From mutation survivors: a log cut shorter (a job restarted with `>`) or replaced by
+    another file (a new inode: rotation) is read from its start, lines numbered from 1."""
+    log = tmp_path / "run.log"
+    log.write_text("".join(f"line {i}\n" for i in range(50)))
+    fol = Follower(log, load())
+    fol.poll()
+    log.write_text(OOM + "\n")  # truncated: shorter than what was read
+    fol.poll()
+    assert fol.fatal() is not None and fol.fatal().first.line == 1
+    assert fol.fatal().first.text == OOM and fol.offset == log.stat().st_size  # from its first byte
+    new = tmp_path / "new.log"
+    new.write_text("restarted\n" + PP_OFFLOAD + "\n")
+    os.replace(new, log)  # another file at the same path
+    fol.poll()
+    assert fol.line == 3 and fol.res.findings.get("MB-OFF-002").first.line == 2
+    assert fol.res.findings.get("MB-OOM-001") is None  # the old file's findings are gone
+
+
+def test_a_burst_is_read_a_bounded_piece_per_poll(tmp_path):
+    from diagnose.launch.follow import READ_MAX
+
+    log = tmp_path / "run.log"
+    with open(log, "w") as fh:
+        line = "an ordinary line of a busy log, " * 3 + "\n"
+        fh.write(line * ((2 * READ_MAX) // len(line) + 1))
+        fh.write(OOM + "\n")
+    fol = Follower(log, load())
+    fol.poll()
+    assert fol.offset + len(fol.carry) <= READ_MAX and fol.fatal() is None
+    for _ in range(3):
+        fol.poll()
+    assert fol.fatal() is not None and fol.offset == log.stat().st_size
