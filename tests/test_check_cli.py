@@ -311,3 +311,23 @@ def test_world_size_and_gpu_come_from_the_settings_file(run_cli, tmp_path, monke
                                               '--nproc_per_node=8 scripts/training/run_recipe.py --recipe x"\n')
     code, doc, _ = jcheck(run_cli, march)
     assert doc["memory"]["world_size"] == 16 and "world size 16: from the launch command in pyproject.toml" in doc["notes"]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_text_output_fits_the_terminal_and_never_cuts_an_override(run_cli, monkeypatch, width):
+    """Issue 13: check's findings table was 120 columns wide whatever the terminal, and its Fix
+    column cut the overrides exactly where they must be copied."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    args = [f"{CFG}/qwen3_30b_a3b_activation_offload_24_pp1.yaml", "model.recompute_granularity=full",
+            "--world-size", "16", "--mcore-version", "0.16.1"]
+    code, out, _ = run_cli("check", *args)
+    _, doc, _ = jcheck(run_cli, *args)
+    assert code == 1 and doc["findings"]
+    lines = out.splitlines()
+    assert all(len(ln) <= width for ln in lines), max(lines, key=len)
+    flat = " ".join(ln.strip() for ln in lines)
+    for f in doc["findings"]:
+        assert f"[{f['signature']}]" in out
+        for o in f["overrides"]:
+            assert o in flat, (f["signature"], o)
+    assert "…" not in out

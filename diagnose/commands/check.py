@@ -189,26 +189,29 @@ def render_text(res: dict, versions_text: str, color: bool) -> str:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-    from rich.text import Text
+
+    from ..report.text import Lines, terminal_width
 
     buf = io.StringIO()
-    c = Console(file=buf, force_terminal=color, color_system="auto" if color else None, width=120,
+    width = terminal_width()  # the terminal's (COLUMNS), as the scan's report
+    c = Console(file=buf, force_terminal=color, color_system="auto" if color else None, width=width,
                 highlight=False)
     c.print(f"[bold]diagnose check[/] {escape(str(res['config'].source))}  [dim]rules for {escape(versions_text)}[/]")
     fs = res["findings"]
     if fs:
-        t = Table(title="Findings", expand=True, show_lines=True)
-        for col, no_wrap in (("Sev", True), ("Signature", True), ("Title", False), ("Evidence", False),
-                             ("Fix", False)):
-            t.add_column(col, no_wrap=no_wrap)
+        # one block per finding, as the scan's first screen: wrapped to the width, the overrides
+        # whole (a table's column cut them exactly where they must be copied)
+        lines = Lines(width)
         for f in fs:
             s = f.signature
-            fix = (s.fixes[0].text if s and s.fixes else "")
+            lines.add(f"{f.level}[{s.id if s else '-'}] {f.title} ({f.source})", style=_SEV.get(f.level, "bold"))
+            lines.add(f.evidence[:400], indent="  ", label="config")
             if f.overrides:
-                fix = f"{fix}\n" + " ".join(f.overrides)
-            t.add_row(Text(f.level, style=_SEV.get(f.level, "")), (s.id if s else "-") + f"\n[dim]{f.source}[/]",
-                      escape(f.title), escape(f.evidence[:400]), escape(fix))
-        c.print(t)
+                lines.add(" ".join(f.overrides), indent="  ", label="overrides", style="bold cyan")
+            if s and s.fixes:
+                lines.add(s.fixes[0].text, indent="  ", label="fix")
+        for t in lines.out:
+            c.print(t)
     else:
         c.print("[bold green]No rule fires: the config passes the static checks.[/]")
     est = res["memory"]
