@@ -75,6 +75,7 @@ class SettingsError(Exception):
 class Settings:
     values: dict = field(default_factory=dict)
     source: Path | None = None
+    warnings: list = field(default_factory=list)  # unknown keys, ignored (one line each)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
@@ -110,13 +111,17 @@ def find(start: Path | None = None) -> Settings:
             table = _table(p)
             if table is None:
                 continue  # a pyproject.toml without [tool.diagnose]: keep looking up
-            unknown = set(table) - KEYS
-            if unknown:
-                raise SettingsError(f"{p}: unknown key(s) in the diagnose settings: {', '.join(sorted(unknown))} "
-                                    f"(known: {', '.join(sorted(KEYS))})")
-            for key, value in table.items():
+            warnings = []
+            for key in sorted(set(table) - KEYS):  # a newer version's key, or a typo: said, not fatal
+                import difflib
+
+                near = difflib.get_close_matches(key, sorted(KEYS), n=1)
+                warnings.append(f"{p}: unknown key {key!r} in the diagnose settings, ignored"
+                                + (f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(sorted(KEYS))})"))
+                del table[key]
+            for key, value in table.items():  # a known key with a wrong value stops before anything runs
                 what, ok = TYPES[key]
                 if not ok(value):
                     raise SettingsError(f"{p}: {key} = {value!r:.60}: must be {what}")
-            return Settings(dict(table), p)
+            return Settings(dict(table), p, warnings)
     return Settings()

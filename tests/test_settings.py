@@ -29,10 +29,13 @@ def test_diagnose_toml_wins_and_pyproject_without_table_is_skipped(tmp_path):
     assert st.get("launcher") == "local" and st.source.name == "diagnose.toml"
 
 
-def test_unknown_key_and_bad_toml_are_one_line_errors(tmp_path):
-    (tmp_path / "diagnose.toml").write_text('launchr = "local"\n')
-    with pytest.raises(ST.SettingsError, match="unknown key"):
-        ST.find(tmp_path)
+def test_an_unknown_key_is_a_warning_and_bad_toml_a_one_line_error(tmp_path):
+    """Issue 13: an unknown key (a typo, or a newer version's key) stopped --fix; it is said and
+    ignored, with a did-you-mean; a known key with a wrong value still stops before anything runs."""
+    (tmp_path / "diagnose.toml").write_text('launchr = "local"\nlauncher = "slurm"\n')
+    st = ST.find(tmp_path)
+    assert st.get("launcher") == "slurm" and st.get("launchr") is None
+    assert len(st.warnings) == 1 and "unknown key 'launchr'" in st.warnings[0] and "did you mean 'launcher'" in st.warnings[0]
     (tmp_path / "diagnose.toml").write_text('launcher = \n')
     with pytest.raises(ST.SettingsError, match="invalid TOML"):
         ST.find(tmp_path)

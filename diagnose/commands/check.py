@@ -251,6 +251,8 @@ def _from_settings(world_size, gpu, gpu_memory):
         st = ST.find()
     except ST.SettingsError as exc:
         raise click.ClickException(str(exc)) from None
+    for w in st.warnings:
+        click.echo(f"diagnose: warning: {w}", err=True)
     notes = []
     where = st.source.name if st.source else ""
     if world_size is None:

@@ -40,9 +40,12 @@ def _err(msg: str, quiet: bool = False):
 
 def _settings() -> ST.Settings:
     try:
-        return ST.find()
+        st = ST.find()
     except ST.SettingsError as exc:
         raise click.ClickException(str(exc)) from None
+    for w in st.warnings:
+        click.echo(f"diagnose: warning: {w}", err=True)
+    return st
 
 
 def _load(path: str):
