@@ -21,7 +21,7 @@ from ..config import rules, schema
 from ..config.load import ConfigError, check_keys, load_config
 from ..config.overrides import apply_overrides
 from ..config.runconfig import RunConfig
-from .common import load_db, newest_known
+from .common import load_db, load_settings, newest_known
 
 JSON_SCHEMA_VERSION = 1
 
@@ -244,15 +244,9 @@ def render_text(res: dict, versions_text: str, color: bool) -> str:
 def _from_settings(world_size, gpu, gpu_memory):
     """What the command line leaves out, from [tool.diagnose] (as --fix reads it): world-size (or
     the launch command's --nproc_per_node x --nnodes), gpu, gpu-memory; with a note for each."""
-    from .. import settings as ST
     from ..remedy.causes import world_from_command
 
-    try:
-        st = ST.find()
-    except ST.SettingsError as exc:
-        raise click.ClickException(str(exc)) from None
-    for w in st.warnings:
-        click.echo(f"diagnose: warning: {w}", err=True)
+    st = load_settings()
     notes = []
     where = st.source.name if st.source else ""
     if world_size is None:

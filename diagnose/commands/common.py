@@ -16,6 +16,20 @@ def load_db(path=None):
         raise click.ClickException(f"signature database: {exc}") from None
 
 
+def load_settings():
+    """The [tool.diagnose] settings (settings.py); a bad value is a one-line error, an unknown key
+    a one-line warning on stderr."""
+    from .. import settings as ST
+
+    try:
+        st = ST.find()
+    except ST.SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    for w in st.warnings:
+        click.echo(f"diagnose: warning: {w}", err=True)
+    return st
+
+
 def load_cfg(path):
     if not path:
         return None

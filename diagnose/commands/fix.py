@@ -27,7 +27,7 @@ from ..launch.local import split_command
 from ..remedy import causes as C
 from ..remedy import edit as E
 from ..remedy import plan as PL
-from .common import emit_report
+from .common import emit_report, load_settings
 
 STATUS_CODE = {"ok": exitcodes.OK, "applied": exitcodes.OK, "nothing": exitcodes.OK,
                "unsafe": exitcodes.UNSAFE_REFUSED, "no_fix": exitcodes.NO_FIX}
@@ -39,13 +39,7 @@ def _err(msg: str, quiet: bool = False):
 
 
 def _settings() -> ST.Settings:
-    try:
-        st = ST.find()
-    except ST.SettingsError as exc:
-        raise click.ClickException(str(exc)) from None
-    for w in st.warnings:
-        click.echo(f"diagnose: warning: {w}", err=True)
-    return st
+    return load_settings()
 
 
 def _load(path: str):
