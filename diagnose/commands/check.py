@@ -21,7 +21,7 @@ from ..config import rules, schema
 from ..config.load import ConfigError, check_keys, load_config
 from ..config.overrides import apply_overrides
 from ..config.runconfig import RunConfig
-from .common import load_db, load_settings, newest_known
+from .common import load_db, load_settings, machine_from_settings, newest_known
 
 JSON_SCHEMA_VERSION = 1
 
@@ -241,31 +241,6 @@ def render_text(res: dict, versions_text: str, color: bool) -> str:
     return buf.getvalue()
 
 
-def _from_settings(world_size, gpu, gpu_memory):
-    """What the command line leaves out, from [tool.diagnose] (as --fix reads it): world-size (or
-    the launch command's --nproc_per_node x --nnodes), gpu, gpu-memory; with a note for each."""
-    from ..remedy.causes import world_from_command
-
-    st = load_settings()
-    notes = []
-    where = st.source.name if st.source else ""
-    if world_size is None:
-        world_size = st.get("world-size")
-        if world_size is not None:
-            notes.append(f"world size {world_size}: from {where} (world-size)")
-        else:
-            world_size = world_from_command(st.get("launch-cmd"))
-            if world_size is not None:
-                notes.append(f"world size {world_size}: from the launch command in {where}")
-    if gpu is None and gpu_memory is None:
-        gpu, gpu_memory = st.get("gpu"), st.get("gpu-memory")
-        if gpu and gpu_memory:
-            raise click.ClickException(f"{st.source}: give gpu or gpu-memory, not both")
-        if gpu or gpu_memory:
-            notes.append(f"GPU {gpu or f'{gpu_memory} GB'}: from {where}")
-    return world_size, gpu, gpu_memory, notes
-
-
 @click.command(epilog=exitcodes.HELP_CHECK)
 @click.argument("config")
 @click.argument("overrides", nargs=-1)
@@ -303,7 +278,7 @@ def check(config, overrides, fmt, gpu, gpu_memory, world_size, host_memory, gpus
     key=value overrides."""
     if gpu and gpu_memory:
         raise click.ClickException("give --gpu or --gpu-memory, not both")
-    world_size, gpu, gpu_memory, from_settings = _from_settings(world_size, gpu, gpu_memory)
+    world_size, gpu, gpu_memory, from_settings = machine_from_settings(load_settings(), world_size, gpu, gpu_memory)
     db = load_db(sig_path)
     versions, vtext = _versions(mcore_version)
     try:

@@ -30,6 +30,33 @@ def load_settings():
     return st
 
 
+def machine_from_settings(st, world_size, gpu, gpu_memory, launch_cmd=None):
+    """What the command line leaves out, from the settings (``--fix`` and ``check`` alike):
+    world-size, else the launch command's --nnodes x --nproc_per_node (``launch_cmd``, else the
+    settings' launch-cmd); gpu or gpu-memory when neither was given. Returns (world_size, gpu,
+    gpu_memory, notes saying where each came from)."""
+    from ..remedy.causes import world_from_command
+
+    notes = []
+    where = st.source.name if st.source else ""
+    if world_size is None:
+        world_size = st.get("world-size")
+        if world_size is not None:
+            notes.append(f"world size {world_size}: from {where} (world-size)")
+        else:
+            world_size = world_from_command(launch_cmd or st.get("launch-cmd"))
+            if world_size is not None:
+                notes.append(f"world size {world_size}: from the launch command"
+                             + ("" if launch_cmd else f" in {where}"))
+    if gpu is None and gpu_memory is None:
+        gpu, gpu_memory = st.get("gpu"), st.get("gpu-memory")
+        if gpu and gpu_memory:
+            raise click.ClickException(f"{st.source}: give gpu or gpu-memory, not both")
+        if gpu or gpu_memory:
+            notes.append(f"GPU {gpu or f'{gpu_memory} GB'}: from {where}")
+    return world_size, gpu, gpu_memory, notes
+
+
 def load_cfg(path):
     if not path:
         return None

@@ -27,7 +27,7 @@ from ..launch.local import split_command
 from ..remedy import causes as C
 from ..remedy import edit as E
 from ..remedy import plan as PL
-from .common import emit_report, load_settings
+from .common import emit_report, load_settings, machine_from_settings
 
 STATUS_CODE = {"ok": exitcodes.OK, "applied": exitcodes.OK, "nothing": exitcodes.OK,
                "unsafe": exitcodes.UNSAFE_REFUSED, "no_fix": exitcodes.NO_FIX}
@@ -98,9 +98,7 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
     launch_cmd = launch_cmd or st.get("launch-cmd")
     if relaunch and not ((launcher_kind or st.get("launcher")) and launch_cmd):
         raise click.ClickException(ST.HOWTO)
-    world_size = world_size or st.get("world-size") or C.world_from_command(launch_cmd)
-    gpu = gpu or st.get("gpu")
-    gpu_memory = gpu_memory or st.get("gpu-memory")
+    world_size, gpu, gpu_memory, _ = machine_from_settings(st, world_size, gpu, gpu_memory, launch_cmd)
     report = None
     if paths:
         report = diagnose_paths(paths, db, cfg, engine, versions)
