@@ -57,6 +57,9 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
         metrics.update(cost)
     metrics["unexplained_exceptions"] = RC.add_unexplained_exceptions(db, res.findings, res.structure,
                                                                       res.findings.lines)
+    # the error-level findings so far (lines, exceptions): a symptom that only says "stopped" or
+    # "slow" may ask for none
+    metrics["error_findings"] = sum(1 for f in res.findings.all() if f.signature.severity == "error")
     RC.add_symptoms(db, res.findings, res.structure, cfg, metrics, where)
     root = RC.choose(db, res.findings, cfg, metrics, res.structure.torchrun)
     if root is not None:
@@ -157,8 +160,12 @@ def scan_text(text: str, db: Database | None = None, name: str = "<text>",
     sc = scanner_for(db or load(), None, versions)
     res = ScanResult(Findings(), S.Structure(), [], engine=sc.engine.name)
     data = text.encode("utf-8")
-    sc.scan_chunk(Chunk(data, 1, 0), name, 0, res)
+    chunk = Chunk(data, 1, 0)
+    sc.scan_chunk(chunk, name, 0, res)
     sc._close_blocks(res)
+    if data:  # the whole log: its end is where the output stopped
+        last = chunk.first_line + (chunk.newlines or 0)
+        S.set_tail(res.structure, name, data, last - 1 if data.endswith(b"\n") else last)
     res.sources.append(name)
     res.bytes_read = len(data)
     return res

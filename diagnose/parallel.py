@@ -203,6 +203,8 @@ def merge_structure(dst: S.Structure, src: S.Structure):
                 a.append(item)
                 if len(a) > 2 * S.MAX_ACTIVITY:
                     del a[:-S.MAX_ACTIVITY]
+        elif name == "tails":  # a file's last piece has its end
+            a.update(b)
         elif name == "tb_until":
             for k, v in b.items():
                 a[k] = max(a.get(k, 0), v)

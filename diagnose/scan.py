@@ -34,6 +34,7 @@ def rank_from_name(name: str) -> int | None:
     return None
 
 
+TAIL_BYTES = 1 << 16  # the end of each file kept to read its last lines (Structure.tails)
 _COUNTER = re.compile(r"\s*\[\d+/\d+\]\s*$")  # a terminal's scroll position at the end of a copied line
 _SOURCE_RAISE = re.compile(r"^\s+raise\s+[\w.]+\(")
 _SIZE = re.compile(r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b", re.I)
@@ -115,14 +116,18 @@ class Scanner:
         ``start`` to ``end`` (``R.split_points``), whose first line is ``first_line``."""
         got, n_notes = False, len(res.notes)
         line = first_line
+        tail = b""  # the end of what was read: at least the last two chunks' worth of lines
         for chunk in R.read_chunks(src, res.notes, start=start, end=end, first_line=first_line):
             got = True
             self.scan_chunk(chunk, src.name, idx, res)
+            tail = chunk.data if len(chunk.data) >= TAIL_BYTES else (tail + chunk.data)[-TAIL_BYTES:]
             res.bytes_read += chunk.size if chunk.size is not None else len(chunk.data)
             assert chunk.newlines is not None  # scan_chunk counted them
             line = chunk.first_line + chunk.newlines
             if progress:
                 progress(len(chunk.data))
+        if got and end is None:  # this read reached the file's end
+            S.set_tail(res.structure, src.name, tail, line - 1 if tail.endswith(b"\n") else line)
         if end is not None and res.open_blocks:
             # a block (traceback, timers...) that goes on past the piece: read on for it alone,
             # as a serial scan would feed it at the next chunk's start

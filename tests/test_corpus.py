@@ -112,6 +112,17 @@ LAYER_CASES = [
     ("ds-misc/004_accelerate-llama30b-load-exitcode-9.log", "host_oom", "wrapper"),
     # no error line: the fp16 loss scale collapsing
     ("megatron-lm/019_amp-o1-loss-scale-collapse.log", "loss_nan", "symptom"),
+    # no error line: every file's output stops in distributed start-up (Lightning, DeepSpeed
+    # pipeline set-up, NCCL channel set-up)
+    ("r3-general/024_lightning-ddp-stuck-after-all-processes-registered.log", "hang", "symptom"),
+    ("ds-misc/020_neox-20b-stuck-after-pipe-init.log", "hang", "symptom"),
+    ("r3-general/007_transformers-trainer-multigpu-hang-nccl-p2p-ipc.log", "hang", "symptom"),
+    # a tensor on the wrong device is a code bug, not the accelerator failing
+    ("megatron-lm/024_fused-adam-p-copy-not-cuda.log", "other", "exception"),
+    # the frames only: a rollout engine's wake_up (vLLM sleep mode) re-allocating its memory
+    ("verl-rl/003_verl-vllm-wakeup-cumem-oom.log", "cuda_oom", "traceback"),
+    # an asserted equal split is divisibility, whatever else the message says
+    ("r3-rl/026_verl-agent-loop-chunk-60-by-8.log", "config_divisibility", "exception"),
 ]
 
 
@@ -176,3 +187,51 @@ def test_the_innermost_explicit_rank_wins():
     assert split_prefix("(worker1, rank=1, pid=4242, ip=10.0.0.2) [rank13]: RuntimeError: x")[0] == 13
     assert split_prefix("(worker1, rank=1, pid=4242, ip=10.0.0.2) RuntimeError: x")[0] == 1
     assert split_prefix("2026-01-09 17:40:31.169213 master-0 >> [rank7]:   File \"a.py\"")[0] == 7
+
+
+def _startup_lines() -> list:
+    """Real start-up lines (dev part): Lightning's DDP set-up, with no step after them."""
+    text = (CORPUS / "r3-general" / "024_lightning-ddp-stuck-after-all-processes-registered.log").read_text()
+    return text.splitlines()
+
+
+def test_a_start_up_hang_needs_every_rank_file_to_stop_in_start_up(tmp_path):
+    lines = _startup_lines()
+    for r in range(2):
+        (tmp_path / f"rank{r}.log").write_text("\n".join(lines) + "\n")
+    rc = diagnose_paths([str(tmp_path)], jobs=1).root_cause
+    assert rc is not None and rc.finding.signature.category == "hang"
+    # one rank went on to train: the job did not stop in start-up
+    (tmp_path / "rank1.log").write_text("\n".join(lines) + "\n{'loss': 0.5311, 'learning_rate': 1e-05, 'epoch': 0.15}\n")
+    assert diagnose_paths([str(tmp_path)], jobs=1).root_cause is None
+
+
+def test_a_start_up_hang_gives_way_to_any_error(tmp_path):
+    watchdog = _watchdog_line()
+    log = tmp_path / "run.log"
+    log.write_text(watchdog + "\n" + "\n".join(_startup_lines()) + "\n")
+    rc = diagnose_paths([str(log)], jobs=1).root_cause
+    assert rc is not None and rc.finding.signature.category == "nccl_timeout"
+
+
+def test_the_tail_of_a_big_file_is_its_last_lines_in_pieces_and_gzip(tmp_path, monkeypatch):
+    import gzip
+
+    from diagnose import parallel as P
+    from diagnose.logs import read as R
+
+    # small chunks and pieces: the last lines span two chunks, and the file is cut in pieces
+    monkeypatch.setattr(R, "CHUNK", 48 << 10)
+    monkeypatch.setattr(P, "SPLIT_MIN", 512 << 10)
+
+    filler = "".join(f"[2024-01-01 00:00:00] INFO building dataset shard {i} of 20000\n" for i in range(20000))
+    body = filler + "\n".join(_startup_lines()) + "\n"
+    plain = tmp_path / "big.log"
+    plain.write_text(body)
+    gz = tmp_path / "big.log.gz"
+    gz.write_bytes(gzip.compress(body.encode()))
+    n = body.count("\n")
+    for path, jobs in ((plain, 1), (plain, 2), (gz, 1)):
+        rep = diagnose_paths([str(path)], jobs=jobs)
+        assert rep.root_cause is not None and rep.root_cause.finding.signature.id == "MB-SYM-010", (path, jobs)
+        assert rep.root_cause.hit.line == n - 1  # the "Starting ddp" line, above the last dashes

@@ -29,8 +29,12 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   mem_max_allocated_gb   largest (max) allocated memory reported, GB = 1e9 bytes
   alloc_retries_growth   growth of Bridge's mem-alloc-retires over the run
   unexplained_exceptions Python exceptions that no signature recognised
+  error_findings         error-level findings of the lines and exceptions (diagnosis.analyze)
   overflow_steps         fp16 steps skipped for a gradient overflow (apex, fairseq, DeepSpeed)
   loss_scale_min         the smallest loss scale those lines set
+  ends_in_init           1 where every file's output stops inside distributed start-up (process
+                         group, NCCL communicator, DDP / pipeline set-up lines: INIT_LINES) with no
+                         iteration, step, exception or failed worker anywhere: a start-up hang
   offload_fraction       the config's optimizer-offload fraction, where offload is on and more
                          is offloaded than fits needs (analyze/expected.py); offload_fraction_fits:
                          the lowest that fits; offload_factor / offload_factor_fits: their
@@ -39,6 +43,7 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
 from __future__ import annotations
 
 import math
+import re
 from statistics import median
 
 from ..logs.structure import Structure
@@ -79,6 +84,8 @@ def compute(s: Structure, baseline_ms: float | None = None) -> dict:
         if baseline_ms:
             m["slowdown"] = m["iter_ms_median"] / baseline_ms
     m.update(timer_shares(s))
+    if not pts and not s.step_times and ends_in_init(s):
+        m["ends_in_init"] = 1
     if pts:
         m.update(change_point(pts, s))
     if t.get("overflow_steps"):
@@ -122,6 +129,36 @@ def _split(vals: dict) -> dict:
         if v is not None:
             got[comp] = v
     return got
+
+
+# What a job prints while it sets up its process groups: torch.distributed / c10d, NCCL's
+# communicator set-up (NCCL_DEBUG=INFO), Lightning's and DeepSpeed's DDP / pipeline set-up,
+# Megatron's model-parallel groups. A log whose every file stops on such a line, with nothing
+# after it, stopped there: a rank that never joined, a blocked port, a wrong interface.
+INIT_LINES = re.compile(
+    r"NCCL INFO (?!.*(?:Service thread|Connection closed|Destroy|[Aa]bort|[Cc]lean ?up|[Ff]inaliz))"
+    r"|\bGLOBAL_RANK: ?\d+, MEMBER: ?\d+/\d+|All (?:DDP|distributed) processes registered"
+    r"|Starting ddp with \d+ process|^distributed_backend=\w+$|\bRANK=\d+ STAGE=\d+ LAYERS="
+    r"|store_based_barrier_key|Completed store-based barrier|Initializing TorchBackend in DeepSpeed"
+    r"|initializ\w* (?:torch )?distributed\b|initializ\w* (?:tensor|pipeline|data|context|expert)"
+    r"[ -]model[ -]parallel|\bncclCommInitRank\b|\bInit COMPLETE\b")
+_WORDS = re.compile(r"[A-Za-z]{2}")
+
+
+def ends_in_init(s: Structure) -> bool:
+    """Every file read to its end stops on a distributed start-up line (INIT_LINES), and the log
+    shows no exception, traceback or failed worker (those name the failure instead)."""
+    if not s.tails or s.tracebacks or s.exceptions or s.torchrun:
+        return False
+    last = None
+    for file, tail in s.tails.items():
+        words = [(line, text) for line, text in tail if _WORDS.search(text)]  # not "-----"
+        if not words or not INIT_LINES.search(words[-1][1]):
+            return False
+        last = (file, *words[-1])
+    if last is not None:
+        s.note("ends_in_init", *last)
+    return True
 
 
 def timer_shares(s: Structure) -> dict:
@@ -248,4 +285,5 @@ EVIDENCE_FOR = {
     "offload_fraction_fits": "offload_cost",
     "offload_fraction": "offload_cost",
     "overflow_steps": "loss_scale_min",
+    "ends_in_init": "ends_in_init",
 }

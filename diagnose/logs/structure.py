@@ -203,6 +203,9 @@ class Structure:
     tally: dict = field(default_factory=dict)  # iterations, loss_missing, loss_nan, grad_norm_nan, memory
     peaks: dict = field(default_factory=dict)  # last_iteration, train_iters, nan_reported, mem_max_gb, ...
     skipped: dict = field(default_factory=dict)  # dense key -> lines the sampling did not read
+    # file -> [(line, text)]: the last few non-blank lines of each file read to its end, launcher
+    # prefix split off (what the job was doing when its output stopped: symptoms.ends_in)
+    tails: dict = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1):
         self.tally[name] = self.tally.get(name, 0) + n
@@ -257,6 +260,28 @@ class Structure:
                 self.evidence["_max_elapsed"] = (p.elapsed_ms,)
                 self.note("slowest_iteration", p.file, p.line, text, replace=True)
         self.note("last_iteration", p.file, p.line, text, replace=True)
+
+
+MAX_TAIL = 6  # lines of each file's end kept in Structure.tails
+
+
+def set_tail(s: Structure, file: str, data: bytes, last_line: int):
+    """Keep the last MAX_TAIL non-blank lines of ``data`` (the end of ``file``, whose last line
+    is ``last_line``) in ``s.tails``, prefix split off."""
+    out: list = []
+    end = len(data)
+    line = last_line
+    if data.endswith(b"\n"):
+        end -= 1
+    while end > 0 and len(out) < MAX_TAIL:
+        start = data.rfind(b"\n", 0, end) + 1
+        text = clean(data[start:end])
+        if text.strip():
+            out.append((line, split_prefix(text)[1].strip()[:2000]))
+        if start == 0:
+            break
+        end, line = start - 1, line - 1
+    s.tails[file] = out[::-1]
 
 
 def _is_bad(v: str) -> bool:
