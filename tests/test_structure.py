@@ -125,6 +125,22 @@ def test_interleaved_tracebacks_are_followed_per_rank():
     assert rep.root_cause.hit.line == 6 and rep.root_cause.hit.rank == 1
 
 
+@pytest.mark.parametrize("last,exc_type", [
+    # a class without an Error-like suffix ends the traceback when it is dotted or a builtin
+    ("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 212992, "
+     "Hardware limit: 101376. Reducing block sizes or `num_stages` may help.", "triton.runtime.errors.OutOfResources"),
+    ("StopIteration", "StopIteration"),
+    ("_queue.Empty", "_queue.Empty"),
+    # a log line with a capitalised word and a colon is not an exception: the traceback is cut
+    ("INFO:root:saving the model", None),
+    ("Epoch 3: 100%|##########| 10/10", None),
+])
+def test_the_exception_that_ends_a_traceback_may_name_any_class(last, exc_type):
+    text = "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n" + last + "\n"
+    tbs = diagnose_text(text).structure.tracebacks
+    assert len(tbs) == 1 and tbs[0].exc_type == exc_type
+
+
 def test_mlm_arguments_block_is_the_config():
     text = "\n".join([
         "------------------------ arguments ------------------------",

@@ -75,6 +75,10 @@ _EXC_LINE = re.compile(
     r"^(?:\s*)((?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure)"
     r"(?:\((?:[A-Za-z_][\w]*\.)*[A-Z]\w*\))?)(?::\s?(.*))?$"  # Ray: RayTaskError(OutOfMemoryError)
 )
+# the line that ends a traceback may name any class: one without an Error-like suffix counts
+# there when it is dotted (triton.runtime.errors.OutOfResources, queue.Empty) or a builtin one
+_TB_EXC_LINE = re.compile(
+    r"^((?:[a-z_][\w]*\.)+[A-Z][a-z]\w*|StopIteration|StopAsyncIteration)(?::\s?(.*))?$")
 _LOADED_AT = re.compile(r"(?:at|from) iteration\s+(\d{1,18})\b")
 _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _ARGS_LINE = re.compile(r"^\s+(\S+) \.{3,} (.*)$")
@@ -480,7 +484,8 @@ class TracebackBlock(Block):
         stripped = msg.strip()
         self.s.tb_until[(self.file, self.key)] = line
         indent = len(msg) - len(msg.lstrip())
-        if indent <= 1 and stripped and _EXC_LINE.match(stripped):  # a paste may indent it by one
+        exc = (_EXC_LINE.match(stripped) or _TB_EXC_LINE.match(stripped)) if stripped and indent <= 1 else None
+        if exc:  # a paste may indent it by one
             indent = 0
         if not stripped or stripped.startswith(("File ", "^", "~")) or indent:
             if stripped.startswith("File "):
@@ -489,7 +494,7 @@ class TracebackBlock(Block):
             elif stripped and self.frames and not self.source[-1] and not stripped.startswith(("^", "~")):
                 self.source[-1] = stripped
             return True
-        m = _EXC_LINE.match(stripped)
+        m = exc
         if m:
             self.done = True
             self.s.traceback_count += 1
