@@ -79,10 +79,14 @@ def _progress(n: int):
 
 def _scan_one(t: Task):
     """One file, or one piece of a file: (task id, its result)."""
-    res = ScanResult(Findings(), S.Structure(), [], engine=_SCANNER.engine.name)
+    return scan_task(_SCANNER, t, _progress if _COUNTER is not None else None)
+
+
+def scan_task(scanner: Scanner, t: Task, progress: Callable[[int], None] | None = None):
+    """(task id, the slim result of scanning one task) with ``scanner``."""
+    res = ScanResult(Findings(), S.Structure(), [], engine=scanner.engine.name)
     res.structure.year = t.year
-    _SCANNER.scan_source(t.src, t.idx, res, _progress if _COUNTER is not None else None, t.start, t.end,
-                         t.first_line)
+    scanner.scan_source(t.src, t.idx, res, progress, t.start, t.end, t.first_line)
     return t.tid, _slim(res)
 
 
@@ -363,3 +367,117 @@ def _number_pieces(pool, tasks: list) -> list:
             line += newlines
             year = year if year is not None else first_year
     return out
+
+
+# ----------------------------------------------------------------------------- past one machine
+
+PARTIAL_FORMAT = "diagnose-partial/1"
+
+
+class ShardError(Exception):
+    """A shard cannot be scanned, or partial results cannot be merged: the message says why."""
+
+
+def _inputs(paths: list) -> tuple:
+    """The inputs as a serial scan expands them, with the notes written before each and after
+    the last; standard input cannot be sharded."""
+    notes: list = []
+    order = []
+    for src in R.iter_sources(paths, notes):
+        if src.path is None:
+            raise ShardError("standard input cannot be sharded: give files or folders")
+        order.append((src, notes[:]))
+        notes.clear()
+    return order, notes[:]
+
+
+class _Serial:
+    """The ``map`` of a pool, in this process (a shard measures the pieces before its own)."""
+
+    @staticmethod
+    def map(fn, items):
+        return [fn(i) for i in items]
+
+
+def scan_shard(scanner: Scanner, paths: list, k: int, n: int) -> dict:
+    """Shard ``k`` of ``n`` (1-based): the tasks of a ``--jobs n`` scan whose position is k - 1
+    modulo n, scanned here. Returns the partial result ``merge_partials`` folds with the other
+    shards' into the serial scan's result. Every shard cuts the inputs the same way, so the
+    shards of one folder (or one big file) split its tasks exactly."""
+    if not 1 <= k <= n:
+        raise ShardError(f"shard {k}/{n}: K must be between 1 and N")
+    order, trailing = _inputs(paths)
+    sources = [src for src, _ in order]
+    tasks = plan_tasks(sources, n) if n > 1 else [Task(i, i, src, 0, None) for i, src in enumerate(sources)]
+    files_here = {t.idx for t in tasks if t.tid % n == k - 1}
+    # first lines and years: the pieces before this shard's, in the files it has a piece of
+    numbered = _number_pieces(_Serial, [t for t in tasks if t.idx in files_here])
+    results = [scan_task(scanner, t) for t in numbered if t.tid % n == k - 1]
+    return {
+        "format": PARTIAL_FORMAT, "shard": k, "of": n, "engine": scanner.engine.name,
+        "signatures": sorted(scanner.sigs), "versions": scanner.versions,
+        "inputs": [(src.name, _size(src)) for src in sources], "tasks": len(tasks),
+        "notes": {t.tid: order[t.idx][1] for t in tasks if t.start == 0 and t.tid % n == k - 1},
+        "trailing": trailing, "results": results,
+    }
+
+
+def write_partial(part: dict, path: str) -> None:
+    import pickle
+    from pathlib import Path
+
+    from .atomic import replace
+
+    replace(Path(path), pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_partial(path: str) -> dict:
+    """A partial result written by ``diagnose --shard``. It is a pickle: merge only partials
+    your own jobs wrote (as with any pickle, loading one runs what it was made to run)."""
+    import pickle
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+            if head[:1] != b"\x80":
+                raise ShardError(f"{path}: not a partial result of diagnose --shard")
+            fh.seek(0)
+            part = pickle.load(fh)  # the user's own shard output (documented)
+    except OSError as exc:
+        raise ShardError(f"{path}: {exc.strerror or exc}") from None
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, TypeError, ValueError):
+        raise ShardError(f"{path}: not a readable partial result (cut short, or of another diagnose)") from None
+    if not isinstance(part, dict) or part.get("format") != PARTIAL_FORMAT:
+        raise ShardError(f"{path}: not a partial result of this diagnose ({PARTIAL_FORMAT})")
+    return part
+
+
+def merge_partials(parts: list, sigs: dict) -> ScanResult:
+    """Fold the shards' partial results in task order, as ``scan_parallel`` folds its workers':
+    the serial scan's result. Every shard of one run must be there, once."""
+    if not parts:
+        raise ShardError("no partial result given")
+    first = parts[0]
+    n = first["of"]
+    for key, what in (("of", "shard counts"), ("inputs", "inputs"), ("tasks", "task plans"),
+                      ("signatures", "signature databases"), ("versions", "--mcore-version")):
+        if any(p[key] != first[key] for p in parts[1:]):
+            raise ShardError(f"the partial results come from different runs (their {what} differ)")
+    have = sorted(p["shard"] for p in parts)
+    if len(set(have)) != len(have):
+        raise ShardError(f"shard {next(k for k in have if have.count(k) > 1)}/{n} is given twice")
+    missing = sorted(set(range(1, n + 1)) - set(have))
+    if missing:
+        raise ShardError(f"shard(s) {', '.join(f'{k}/{n}' for k in missing)} missing (given: "
+                         f"{', '.join(map(str, have)) or 'none'})")
+    results = {tid: res for p in parts for tid, res in p["results"]}
+    notes = {tid: ns for p in parts for tid, ns in p["notes"].items()}
+    if sorted(results) != list(range(first["tasks"])):
+        raise ShardError("the partial results do not cover every task of the run")
+    out = ScanResult(Findings(), S.Structure(), [], engine=first["engine"])
+    for tid in range(first["tasks"]):
+        out.notes.extend(notes.get(tid, ()))
+        merge(out, results[tid], sigs)
+    out.notes.extend(first["trailing"])
+    return out
+

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,25 +11,6 @@ from diagnose.parallel import plan_jobs, scan_parallel
 from diagnose.scan import Scanner
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _gen():
-    sys.path.insert(0, str(REPO))
-    try:
-        from bench.gen_log import generate
-    finally:
-        sys.path.remove(str(REPO))
-    return generate
-
-
-@pytest.fixture(scope="module")
-def rank_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ranks")
-    _gen()(d / "job", 3 << 20, seed=5, per_rank=8)
-    # a second job's single interleaved log beside it, and an empty file
-    _gen()(d / "other.log", 1 << 20, ranks=16, seed=9, failure_kind="none")
-    (d / "empty.log").write_bytes(b"")
-    return d
 
 
 def summary(db, res) -> dict:
@@ -110,25 +90,6 @@ def test_cli_jobs_gives_the_same_report(run_cli, rank_dir):
 def test_cli_rejects_zero_jobs(run_cli, rank_dir):
     code, _out, err = run_cli(str(rank_dir), "--jobs", "0")
     assert code == 2 and "jobs" in err.lower()
-
-
-@pytest.fixture(scope="module")
-def big_single(tmp_path_factory):
-    """One log of many chunks (the chunk made small for the test): a generated MLM-format job
-    (timer blocks, dense iteration and memory lines) with the fixture logs' tracebacks, torchrun
-    blocks and errors spliced in every few hundred lines, so that blocks cross piece ends."""
-    d = tmp_path_factory.mktemp("single")
-    gen = d / "gen.log"
-    _gen()(gen, 3 << 20, ranks=64, seed=11, fmt="mlm")
-    lines = gen.read_bytes().splitlines(keepends=True)
-    extras = [p.read_bytes() for p in sorted((REPO / "fixtures" / "logs").glob("*.log"))]
-    out = []
-    for i in range(0, len(lines), 700):
-        out.extend(lines[i:i + 700])
-        out.append(extras[(i // 700) % len(extras)])
-    log = d / "run.out"
-    log.write_bytes(b"".join(out))
-    return log
 
 
 @pytest.mark.parametrize("jobs", [2, 3])

@@ -219,3 +219,29 @@ def test_slurm_early_abort_in_a_folder_with_spaces(slurm, tmp_path):
     rec = [json.loads(ln) for ln in (work / "h.jsonl").read_text().splitlines()][-1]
     assert rec["outcome"] == "stopped_early" and " " in rec["log"] and Path(rec["log"]).is_file()
     assert rec["ended_at"] - float((work / "written.at").read_text()) < 2.0
+
+
+def test_slurm_array_of_four_shards_merges_to_the_serial_report(slurm, tmp_path):
+    """The README's recipe: one array task per shard over a 64-file folder, then merge."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    corpus = sorted((REPO / "fixtures" / "corpus").glob("*/*.log"))
+    for r in range(64):
+        (logs / f"rank{r}.log").write_bytes(corpus[(r * 7) % len(corpus)].read_bytes())
+    (tmp_path / "parts").mkdir()
+    py = shlex.quote(sys.executable)
+    wrap = (f"{py} -c 'import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))' logs "
+            "--shard $SLURM_ARRAY_TASK_ID/4 -o parts/part$SLURM_ARRAY_TASK_ID.dpart")
+    env = {**slurm, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(["sbatch", "--wait", "--array=1-4", f"--output={tmp_path}/shard-%a.out", "--wrap", wrap],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr, [p.read_text() for p in tmp_path.glob("shard-*.out")])
+    parts = sorted(str(p) for p in (tmp_path / "parts").glob("*.dpart"))
+    assert len(parts) == 4
+    merged = diagnose("merge", *parts, "--format", "json", cwd=tmp_path, env=env)
+    serial = diagnose("logs", "--format", "json", "-j", "1", cwd=tmp_path, env=env)
+    assert merged.returncode == serial.returncode == 1, merged.stderr
+    a, b = json.loads(merged.stdout), json.loads(serial.stdout)
+    a.pop("stats", None)
+    b.pop("stats", None)
+    assert a == b and a["root_cause"] is not None

@@ -10,6 +10,7 @@ REGISTRY = {
     "signatures": "signatures",
     "compare": "compare",
     "check": "check",
+    "merge": "merge",
 }
 
 

@@ -47,6 +47,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
               help="Processes: one file each, and a file of 64 MB or more cut in pieces (default: every "
                    "core when several files of 16 MB or more in all, or one of 64 MB or more, are given; "
                    "1 = serial). The result is the serial scan's.")
+@click.option("--shard", metavar="K/N", help="Scan only part K of N of the inputs (the tasks of a --jobs N scan whose "
+              "position is K-1 modulo N) and write that partial result to -o FILE; 'diagnose merge' folds "
+              "the N partial results into the serial scan's report (a Slurm job array: README).")
 @click.option("--signatures", "sig_path", type=click.Path(file_okay=False), hidden=True)
 @click.option("--fix", "fix_path", type=str, metavar="CFG",
               help="Plan a fix for the root cause (or, with no log, for the config's preflight) and rewrite CFG.")
@@ -104,6 +107,7 @@ def scan(
     bridge_version,
     follow,
     jobs,
+    shard,
     details,
     color,
 ):
@@ -132,12 +136,13 @@ def scan(
                                 ("--write-baseline", write_baseline, (*paths, config_path, baseline_run))):
         if target and names_an_input(target, inputs):
             raise click.UsageError(f"{opt} {target}: that file is one of the inputs; writing it would overwrite it")
+    if shard:
+        return _scan_shard(paths, shard, output, engine, mcore_version, sig_path, quiet,
+                           fmt=fmt, config_path=config_path, baseline_path=baseline_path,
+                           write_baseline=write_baseline, baseline_ms=baseline_ms, baseline_run=baseline_run)
     db = load_db(sig_path)
     cfg = load_cfg(config_path)
-    try:
-        baseline = BL.load(baseline_path) if baseline_path else None
-    except BL.BaselineError as exc:
-        raise click.ClickException(f"baseline: {exc}") from None
+    baseline = _load_baseline(baseline_path)
     if engine not in ("auto", None):
         from ..match.engine import available_engines
 
@@ -155,6 +160,18 @@ def scan(
                 raise click.UsageError(f"--baseline-run {baseline_run}: nothing could be read")
         report = diagnose_paths(paths, db, cfg, None if engine == "auto" else engine, versions_option(mcore_version),
                                 baseline_ms, progress=bar, jobs=jobs, baseline_run=base)
+    return finish(report, db, fmt, output, fail_on, baseline, write_baseline, details, color, quiet)
+
+
+def _load_baseline(path):
+    try:
+        return BL.load(path) if path else None
+    except BL.BaselineError as exc:
+        raise click.ClickException(f"baseline: {exc}") from None
+
+
+def finish(report, db, fmt, output, fail_on, baseline, write_baseline, details, color, quiet) -> int:
+    """Report a diagnosis (scan, merge): write the baseline if asked, render, summarise, exit code."""
     if not report.inputs:
         for n in report.notes:
             click.echo(f"diagnose: {n}", err=True)
@@ -176,6 +193,46 @@ def scan(
     if not quiet and (fmt != "text" or output):
         click.echo(stderr_summary(report, fail_on, baseline, output), err=True)
     return exit_code(report, fail_on, baseline)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``K/N`` -> (K, N), 1 <= K <= N."""
+    k, sep, n = (text or "").partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit() or not 1 <= int(k) <= int(n):
+        raise click.BadParameter(f"{text!r}: expected K/N with 1 <= K <= N (e.g. 2/4)", param_hint="--shard")
+    return int(k), int(n)
+
+
+def _scan_shard(paths, shard, output, engine, mcore_version, sig_path, quiet, **others) -> int:
+    """``--shard K/N -o FILE``: scan part K of N, write the partial result, report nothing yet."""
+    from ..diagnosis import scanner_for
+    from ..parallel import ShardError, scan_shard, write_partial
+
+    k, n = parse_shard(shard)
+    bad = [f"--{name.replace('_', '-')}" for name, value in others.items() if value]
+    if bad:
+        raise click.UsageError(f"--shard writes a partial result only: {', '.join(bad)} belong to 'diagnose merge'")
+    if not output:
+        raise click.UsageError("--shard K/N needs -o FILE, where the partial result is written")
+    if not paths:
+        raise click.UsageError("no log given: diagnose PATH... --shard K/N -o FILE")
+    db = load_db(sig_path)
+    try:
+        part = scan_shard(scanner_for(db, None if engine == "auto" else engine, versions_option(mcore_version)),
+                          list(paths), k, n)
+        write_partial(part, output)
+    except ShardError as exc:
+        raise click.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"-o {output}: {exc.strerror or exc}") from None
+    if not part["inputs"]:
+        click.echo("diagnose: nothing could be read", err=True)
+        return exitcodes.USAGE
+    if not quiet:
+        mine = sum(r.bytes_read for _, r in part["results"])
+        click.echo(f"diagnose: shard {k}/{n}: {len(part['results'])} of {part['tasks']} task(s), "
+                   f"{mine / 1e6:.1f} MB scanned; partial result in {output} (diagnose merge PARTS...)", err=True)
+    return exitcodes.OK
 
 
 def names_an_input(target: str, inputs) -> bool:
