@@ -64,3 +64,14 @@ def test_schema_and_loader_refuse_the_same_mistakes(tmp_path, name):
     (tmp_path / "user.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(DB.DatabaseError):
         DB.load(str(tmp_path))
+
+
+def test_the_signature_docs_are_the_database_s(run_cli):
+    """docs/signatures.md is generated (diagnose signatures export --markdown): never stale."""
+    code, out, _ = run_cli("signatures", "export", "--markdown")
+    assert code == 0
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "signatures.md").read_text(encoding="utf-8")
+    assert out == docs, "docs/signatures.md is stale: diagnose signatures export --markdown > docs/signatures.md"
+    db = DB.load()
+    for s in db.signatures:  # every signature is there, under its category
+        assert f"### {s.id} `{s.slug}`" in docs

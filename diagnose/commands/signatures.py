@@ -148,13 +148,15 @@ def test(ids, verbose):
               help="One pattern per line for grep -E -f / rg -f: every anchor the scan uses, regex-escaped.")
 @click.option("--schema", "what", flag_value="schema",
               help="The JSON Schema of a signature file (signatures/schema.json), for editors.")
+@click.option("--markdown", "what", flag_value="markdown",
+              help="The database as documentation (docs/signatures.md).")
 @click.option(
     "--signatures-only", is_flag=True, help="Leave out the structure parsers' anchors (iteration, timers...)."
 )
 @click.option("--mcore-version", help="Only signatures that apply to this Megatron-Core version (default: all).")
 def export(what, signatures_only, mcore_version):
     """Export the database for other tools: ``--patterns`` (the default) for grep and ripgrep,
-    ``--schema`` for editors.
+    ``--schema`` for editors, ``--markdown`` for people (docs/signatures.md).
 
     \b
       diagnose signatures export --patterns > patterns.txt
@@ -164,6 +166,11 @@ def export(what, signatures_only, mcore_version):
         from ..sigschema import text
 
         click.echo(text(), nl=False)
+        return exitcodes.OK
+    if what == "markdown":
+        from ..sigdocs import markdown
+
+        click.echo(markdown(load_db()), nl=False)
         return exitcodes.OK
     from ..match.engine import line_pattern, scan_anchors
 
