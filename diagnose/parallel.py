@@ -209,6 +209,14 @@ def merge_structure(dst: S.Structure, src: S.Structure):
                     del a[:-S.MAX_ACTIVITY]
         elif name == "tails":  # a file's last piece has its end
             a.update(b)
+        elif name == "paced":  # each series continued, as structure.add_pace grows it
+            for key, pts in b.items():
+                if key not in a and len(a) >= S.MAX_PACE_SERIES:
+                    continue
+                series = a.setdefault(key, [])
+                series.extend(p for p in pts if not series or p.iteration != series[-1].iteration)
+                while len(series) > S.MAX_SERIES:
+                    del series[::2]
         elif name == "tb_until":
             for k, v in b.items():
                 a[k] = max(a.get(k, 0), v)

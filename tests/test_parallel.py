@@ -199,3 +199,25 @@ def test_lone_crs_number_lines_the_same_in_pieces(db, big_single, tmp_path, monk
     assert want["root"] is not None
     for key in want:
         assert got[key] == want[key], key
+
+
+def test_progress_bar_series_are_the_same_in_pieces(db, tmp_path, monkeypatch):
+    """Another framework's step times (tqdm here) continue across piece ends."""
+    import diagnose.parallel as P
+    from diagnose.logs import read as R
+
+    monkeypatch.setattr(R, "CHUNK", 48 << 10)
+    monkeypatch.setattr(P, "SPLIT_MIN", 512 << 10)
+    monkeypatch.setattr(P, "cpu_count", lambda: 8)
+    log = tmp_path / "bars.log"
+    rows = [f"Train:  {i // 200}%|#   | {i}/20000 [00:{i % 60:02d}<10:00, {1 + i / 4000:.2f}s/it]\n" for i in range(1, 20001)]
+    log.write_text("".join(rows))
+    sc = Scanner(db, "regex")
+    serial, par = scan_parallel(sc, [str(log)], jobs=1), scan_parallel(sc, [str(log)], jobs=3)
+    assert getattr(par, "jobs", 1) == 3
+
+    def series(res):
+        return {k: [(p.line, p.iteration, p.elapsed_ms) for p in v] for k, v in res.structure.paced.items()}
+
+    assert series(par) == series(serial) and len(series(serial)[("tqdm", 20000)]) > 100
+    assert analyze(db, par).metrics == analyze(db, serial).metrics

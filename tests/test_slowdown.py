@@ -167,3 +167,47 @@ def test_the_change_point_of_a_long_series_is_found_on_a_bounded_subset():
     got = symptoms.change_point(pts, Structure())
     assert got["iter_time_step"] == pytest.approx(2.7)
     assert abs(got["iter_time_step_at"] - 30_000) <= 50_000 / 64
+
+
+# ---- other frameworks' time per step (logs/structure.py PACE), from real lines of the corpus
+
+CORPUS = REPO / "fixtures" / "corpus"
+
+
+def _lines_with(rel: str, needle: str) -> list:
+    return [ln for ln in (CORPUS / rel).read_text(encoding="utf-8").splitlines() if needle in ln]
+
+
+@pytest.mark.parametrize("rel,needle,kind,first", [
+    # LLaMA-Factory's tqdm bar glued to its callback line: 6.74 s/it at step 75 of 6249
+    ("r3-rl/005_llamafactory-glm4-loss0-gradnorm-nan.log", "s/it]", ("tqdm", 6249), (75, 6740.0)),
+    # xtuner / mmengine: "[200/735] ... time: 2.8906  data_time: 0.0042"
+    ("runtime/017_xtuner-mmengine-grad-norm-nan-metrics.log", "data_time", ("mmengine", 735), (200, 2890.6)),
+    # ms-swift's metrics dict: 9.176681 iterations per second
+    ("cn-stack/016_swift-qwen-moe-slow-after-resume.log", "train_speed", ("swift", 0), (1, 1000 / 9.176681)),
+])
+def test_the_time_per_step_of_other_frameworks_is_read(rel, needle, kind, first):
+    from diagnose.logs import structure as S
+
+    st = S.Structure()
+    for i, ln in enumerate(_lines_with(rel, needle)):
+        S.add_pace(st, ln, rel, i + 1)
+    series = st.paced[kind]
+    assert len(series) >= 2
+    assert series[0].iteration == first[0] and series[0].elapsed_ms == pytest.approx(first[1], rel=1e-6)
+
+
+def test_a_run_slowing_down_in_another_framework_s_format_is_a_slowdown():
+    # ms-swift after a resume: 9.2 -> 4.7 -> 3.1 -> 2.3 -> 1.9 iterations per second
+    rep = diagnose_paths([str(CORPUS / "cn-stack" / "016_swift-qwen-moe-slow-after-resume.log")], jobs=1)
+    f = next(f for f in rep.findings if f.signature.id == "MB-SYM-002")
+    assert "'train_speed(iter/s)': 1.879459" in f.first.text  # the slowest step's own line is the evidence
+    assert rep.metrics["iter_time_growth"] > 4 and rep.metrics["iter_time_trend"] == 1
+
+
+def test_megatron_iteration_lines_win_over_progress_bars():
+    text = "\n".join([f" iteration {i:8d}/     100 | elapsed time per iteration (ms): 1000.0 | lm loss: 9.1 |"
+                      for i in range(1, 8)] + [f"  {i}/100 [00:{i:02d}<01:00, {1 + i}.00s/it]" for i in range(1, 8)]) + "\n"
+    rep = diagnose_text(text)
+    assert rep.metrics["iterations"] == 7 and rep.metrics.get("iter_time_growth") == pytest.approx(1.0)
+    assert not any(f.signature.category == "slow_iteration" for f in rep.findings)

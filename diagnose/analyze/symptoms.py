@@ -1,7 +1,8 @@
 """Metric series -> the numbers metric signatures test (``metrics.*`` in predicates).
 
 Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
-  iterations             iteration lines seen
+  iterations             iteration lines seen (with no Megatron iteration line: the points of the
+                         longest series of another framework's step times, paced_series)
   last_iteration         highest iteration number; train_iters: the planned total
   iter_ms_median         median elapsed time per iteration (ms)
   iter_ms_first          median of the first iterations after the first (warm-up) one
@@ -49,14 +50,25 @@ from statistics import median
 from ..logs.structure import Structure
 
 
+def paced_series(s: Structure) -> list:
+    """Where the log has no Megatron iteration line: the longest series of another framework's
+    time per step (logs/structure.py PACE: tqdm, verl, NeMo, mmengine ...), one bar or format."""
+    if s.iterations or not s.paced:
+        return []
+    best = max(s.paced.values(), key=len)
+    ev = max(best, key=lambda p: p.elapsed_ms or 0.0)
+    s.note("slowest_iteration", ev.file, ev.line, ev.fields.get("_line", ""), replace=True)
+    return best
+
+
 def compute(s: Structure, baseline_ms: float | None = None) -> dict:
     m: dict = {}
-    pts = s.iterations
+    pts = s.iterations or paced_series(s)
     t, peaks = s.tally, s.peaks
     if pts:
-        m["iterations"] = s.iteration_count()
-        m["last_iteration"] = peaks["last_iteration"]  # over every line read (add_iteration)
-        m["train_iters"] = peaks["train_iters"]
+        m["iterations"] = s.iteration_count() or len(pts)
+        m["last_iteration"] = peaks.get("last_iteration", pts[-1].iteration)  # over every line read
+        m["train_iters"] = peaks.get("train_iters", pts[-1].train_iters)
         times = [p.elapsed_ms for p in pts if p.elapsed_ms is not None and math.isfinite(p.elapsed_ms)]
         if times:
             m["iter_ms_median"] = median(times)

@@ -42,6 +42,10 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@bridge_yaml": ("Final configuration:",),
     "@bridge_summary": ("Configuration Summary (Non-Default Values",),
     "@step_time": ("Step Time : ",),
+    # other frameworks' time per step (PACE below): tqdm bars, verl, NeMo / Lightning, mmengine,
+    # NeMo-RL, ms-swift
+    "@pace": ("s/it]", "it/s]", "s/it, ", "it/s, ", "timing_s/step:", "train_step_timing in s=",
+              "train_step_timing=", "  data_time: ", "Total step time:", "'train_speed(iter/s)':"),
     # what the job was doing: a failure right after one of these lines happened while doing it
     # (analyze/layers.py by_context): checkpoint and weight I/O in progress
     "@activity": ("saving checkpoint", "Saving checkpoint", "Saving latest checkpoint", "saving model to",
@@ -64,7 +68,7 @@ ANCHORS: dict[str, tuple[str, ...]] = {
 }
 # lines that come every few hundred bytes in a big log: the scan may sample them (match/engine.py
 # Engine.scan_sampled); every count and largest value still covers all of them, see Structure
-DENSE = ("@iteration", "@memory", "@step_time")
+DENSE = ("@iteration", "@memory", "@step_time", "@pace")
 
 _ITER = re.compile(r"\biteration\s+(\d{1,18})\s*/\s*(\d{1,18})\s*\|")  # bounded: no log counts past 10**18
 _FIELD = re.compile(r"\s*([A-Za-z][\w ()/\-.]*?):\s+([^|]*?)\s*(?=\||$)")
@@ -86,6 +90,19 @@ _SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
 _SUMMARY_FIELD = re.compile(r"^\s{2}(\w+): (.*?)(?:\s{2}\(Mcore default: .*\))?\s*$")
 _YAML_LINE = re.compile(r"^(\s*)(?:- |[\w.\-]+:(?:\s|$)|-$)")
 _STEP_TIME = re.compile(r"Step Time : ([\d.]+)s")
+# the time per step in other frameworks' progress lines: (kind, regex with a "v" group and
+# optionally "n" (the step) and "of" (the steps in all), seconds per step = v or 1 / v)
+_NUM = r"(?P<v>\d{1,9}(?:\.\d{1,9})?)"
+PACE = (
+    # tqdm: " 75/6249 [08:38<11:33:05,  6.74s/it]" or "..., 3.21it/s]" (a bar's own total keys it)
+    ("tqdm", re.compile(r"\b(?P<n>\d{1,12})/(?P<of>\d{1,12}) \[[\d:]{1,12}<[\d:?]{1,12}, {0,3}" + _NUM
+                        + r"(?P<unit>s/it|it/s)[\],]"), None),
+    ("verl", re.compile(r"\bstep:(?P<n>\d{1,12})\b.{0,4000}?timing_s/step:" + _NUM), "s"),
+    ("nemo", re.compile(r"train_step_timing(?: in s)?=" + _NUM), "s"),
+    ("mmengine", re.compile(r"\[(?P<n>\d{1,12})/(?P<of>\d{1,12})\].{0,400}?\btime: " + _NUM + r"\s+data_time: "), "s"),
+    ("nemo-rl", re.compile(r"Total step time: " + _NUM + r"\s?s\b"), "s"),
+    ("swift", re.compile(r"'train_speed\(iter/s\)': " + _NUM), "it/s"),
+)
 _TIMER_FIELD = re.compile(r"\|\s*([A-Za-z][\w\-/ ]{0,60}?)\s*:\s*([\d.]+)")
 _NEW_SCALE = re.compile(r"(?:loss scale to:?|reducing to:?)\s*([\d.]+(?:[eE][+-]?\d+)?)")
 
@@ -192,6 +209,9 @@ class Structure:
     torchrun: list = field(default_factory=list)  # TorchrunFailure
     config_blocks: list = field(default_factory=list)  # (kind, file, line, dict)
     step_times: list = field(default_factory=list)
+    # (kind, steps in all) -> IterationPoints of another framework's time per step (PACE): used
+    # where the log has no Megatron iteration line (analyze/symptoms.py)
+    paced: dict = field(default_factory=dict)
     year: int | None = None  # from the first dated line: glog timestamps (E1130 ...) carry none
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
@@ -768,6 +788,38 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         tm = _STEP_TIME.search(text)
         if tm and len(s.step_times) < MAX_SERIES:
             s.step_times.append(float(tm.group(1)) * 1000.0)
+    elif key == "@pace":
+        add_pace(s, text, file, line)
+
+
+MAX_PACE_SERIES = 16  # distinct (kind, total) series kept: a log of many progress bars stays bounded
+
+
+def add_pace(s: Structure, text: str, file: str, line: int) -> None:
+    """A step time from another framework's progress line (PACE), into its series."""
+    for kind, rx, unit in PACE:
+        m = rx.search(text[:20000])
+        if not m:
+            continue
+        v = float(m.group("v"))
+        unit = unit or m.group("unit")
+        if v <= 0:
+            return
+        ms = 1000.0 * (1.0 / v if unit == "it/s" else v)
+        gd = m.groupdict()
+        key = (kind, int(gd["of"]) if gd.get("of") else 0)
+        series = s.paced.get(key)
+        if series is None:
+            if len(s.paced) >= MAX_PACE_SERIES:
+                return
+            series = s.paced[key] = []
+        n = int(gd["n"]) if gd.get("n") else (series[-1].iteration + 1 if series else 1)
+        if series and series[-1].iteration == n:  # a bar redrawn at the same step
+            return
+        series.append(IterationPoint(n, key[1], ms, {"_line": text[:2000]}, file, line, None))
+        if len(series) > MAX_SERIES:
+            del series[::2]
+        return
 
 
 def add_timers(s: Structure, values: dict) -> None:
