@@ -252,3 +252,32 @@ def test_field_splitters_agree_with_the_field_regexes(text):
     assert dict(S._split_fields(text, S._ITER_FIELDS)) == want
     want_mem = [(fm.group(1).strip(), fm.group(2)) for fm in S._MEM_FIELD.finditer(text)]
     assert dict(S._split_fields(text, S._MEM_FIELDS)) == dict(want_mem)
+
+
+def test_grad_norm_runs_of_a_file_read_in_two_parts_merge_to_the_whole():
+    """parallel.py merges a file's pieces with merge_grad_norm_runs: for every split of every
+    sequence of finite / NaN grad norms, the merge is what one read counts."""
+    import itertools
+
+    def runs(values, start=1):
+        s = S.Structure()
+        for i, v in enumerate(values):
+            S.add_grad_norm(s, f"{{'loss': 1.5, 'grad_norm': {v}, 'epoch': 0.1}}", "f", start + i)
+        return s.grad_norm_runs.get("f")
+
+    for n in range(1, 8):
+        for seq in itertools.product(("nan", "1.25"), repeat=n):
+            whole = runs(seq)
+            for cut in range(1, n):
+                a, b = runs(seq[:cut]), runs(seq[cut:], start=cut + 1)
+                assert S.merge_grad_norm_runs(a, b) == whole, (seq, cut)
+
+
+def test_an_isolated_nan_grad_norm_is_a_skipped_step_and_a_lasting_one_a_failure():
+    def dicts(*norms):
+        return "".join(f"{{'loss': 0.2, 'grad_norm': {v}, 'epoch': 0.24}}\n" for v in norms)
+
+    skipped, lasting = dicts("1.4", "nan", "4.8"), dicts("1.4", "4.8", "nan")
+    assert diagnose_text(skipped).root_cause is None
+    rc = diagnose_text(lasting).root_cause
+    assert rc is not None and rc.finding.signature.id == "MB-SYM-011" and rc.hit.line == 3

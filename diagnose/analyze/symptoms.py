@@ -18,6 +18,10 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   loss_nan_iters         iteration lines whose loss is nan/inf
   grad_norm_nan_iters    iteration lines whose grad norm is nan/inf
   nan_iters_reported     the largest "number of nan iterations"
+  grad_norm_nan_run      other frameworks' metrics lines (HF / ms-swift dicts, mmengine, verl): the
+                         longest run of NaN / Inf grad norms in a row in one file;
+                         grad_norm_nan_last: 1 where a file's last grad norm is NaN / Inf (no
+                         finite one after it: not a step the loss scaler skipped)
   optimizer_share        optimizer / (forward-backward + optimizer) of the median timer record (a
                          block or line), in any format (MLM/Bridge blocks, DeepSpeed / older
                          Megatron "time (ms) |" lines)
@@ -95,6 +99,13 @@ def compute(s: Structure, baseline_ms: float | None = None) -> dict:
         m["iter_ms_median"] = median(s.step_times)
         if baseline_ms:
             m["slowdown"] = m["iter_ms_median"] / baseline_ms
+    if s.grad_norm_runs:
+        m["grad_norm_nan_run"] = max(r[1] for r in s.grad_norm_runs.values())
+        open_runs = [r for r in s.grad_norm_runs.values() if r[0] > 0]
+        m["grad_norm_nan_last"] = 1 if open_runs else 0
+        first = max(open_runs, key=lambda r: r[0])[2] if open_runs else None  # the longest open run
+        if first is not None:
+            s.note("grad_norm_nan_run", *first)
     m.update(timer_shares(s))
     if not pts and not s.step_times and ends_in_init(s):
         m["ends_in_init"] = 1
@@ -298,4 +309,6 @@ EVIDENCE_FOR = {
     "offload_fraction": "offload_cost",
     "overflow_steps": "loss_scale_min",
     "ends_in_init": "ends_in_init",
+    "grad_norm_nan_last": "grad_norm_nan_run",
+    "grad_norm_nan_run": "grad_norm_nan_run",
 }

@@ -44,6 +44,9 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@step_time": ("Step Time : ",),
     # other frameworks' time per step (PACE below): tqdm bars, verl, NeMo / Lightning, mmengine,
     # NeMo-RL, ms-swift
+    # other frameworks' gradient norm in their metrics lines (HF / ms-swift dicts, mmengine, verl):
+    # a NaN that the next record does not clear is a diverged run, an isolated one a skipped step
+    "@grad_norm": ("'grad_norm': ", "grad_norm: ", "grad_norm:", "\"grad_norm\": ", "grad_norm="),
     "@pace": ("s/it]", "it/s]", "s/it, ", "it/s, ", "timing_s/step:", "train_step_timing in s=",
               "train_step_timing=", "  data_time: ", "Total step time:", "'train_speed(iter/s)':"),
     # what the job was doing: a failure right after one of these lines happened while doing it
@@ -212,6 +215,8 @@ class Structure:
     # (kind, steps in all) -> IterationPoints of another framework's time per step (PACE): used
     # where the log has no Megatron iteration line (analyze/symptoms.py)
     paced: dict = field(default_factory=dict)
+    # file -> the runs of NaN grad norms in other frameworks' metrics lines (add_grad_norm)
+    grad_norm_runs: dict = field(default_factory=dict)
     year: int | None = None  # from the first dated line: glog timestamps (E1130 ...) carry none
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
@@ -790,6 +795,60 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
             s.step_times.append(float(tm.group(1)) * 1000.0)
     elif key == "@pace":
         add_pace(s, text, file, line)
+    elif key == "@grad_norm":
+        add_grad_norm(s, text, file, line)
+
+
+_GRAD_NORM = re.compile(r"grad_norm['\"]?\s{0,3}[:=]\s{0,3}['\"]?(?P<v>[-+]?(?:nan|inf)\b|[-+]?\d{1,30}(?:\.\d{0,30})?"
+                        r"(?:[eE][-+]?\d{1,4})?)", re.I)
+
+
+def add_grad_norm(s: Structure, text: str, file: str, line: int) -> None:
+    """Another framework's grad norm (``@grad_norm``): the runs of NaN / Inf values per file,
+    Structure.grad_norm_runs[file] = [NaN values in a row now, the longest such run, (file,
+    line, text) of the current run's first, the NaN values before the first finite one, whether
+    a finite one was seen, the first of those leading NaN values] (the last three let pieces of
+    one file merge: merge_grad_norm_runs)."""
+    m = _GRAD_NORM.search(text[:20000])
+    if not m:
+        return
+    runs = s.grad_norm_runs.get(file)
+    if runs is None:
+        if len(s.grad_norm_runs) >= MAX_GRAD_NORM_FILES:
+            return
+        runs = s.grad_norm_runs[file] = [0, 0, None, 0, False, None]
+    if _is_bad(m.group("v")):
+        if runs[0] == 0:
+            runs[2] = (file, line, text[:2000])
+        runs[0] += 1
+        runs[1] = max(runs[1], runs[0])
+        if not runs[4]:
+            runs[3] += 1
+            if runs[5] is None:
+                runs[5] = runs[2]
+    else:
+        runs[0] = 0
+        runs[4] = True
+
+
+def merge_grad_norm_runs(a: list, b: list) -> list:
+    """The runs of one file read in two parts, ``a`` then ``b``, as add_grad_norm counts them."""
+    cur, longest, first, lead, finite, lead_first = a
+    b_cur, b_longest, b_first, b_lead, b_finite, b_lead_first = b
+    longest = max(longest, b_longest, cur + b_lead)
+    new_first = first
+    if b_first is not None:  # b's last run began in b, unless it is b's leading run continuing a's
+        new_first = first if (cur and b_first == b_lead_first) else b_first
+    if b_finite:
+        cur = b_cur
+    else:  # b is NaN from end to end: a's open run goes on
+        cur += b_cur
+    if not finite and lead_first is None:
+        lead_first = b_lead_first
+    return [cur, longest, new_first, lead if finite else lead + b_lead, finite or b_finite, lead_first]
+
+
+MAX_GRAD_NORM_FILES = 4096  # files whose grad-norm runs are kept
 
 
 MAX_PACE_SERIES = 16  # distinct (kind, total) series kept: a log of many progress bars stays bounded
