@@ -90,6 +90,8 @@ class Scanner:
         anchors.update(S.ANCHORS)
         self.engine: Engine = make_engine(anchors, engine, S.DENSE if sample else ())
         self._vcache: dict = {}  # (signature id, message) -> captures or None (see _verify)
+        self._fed: bytes | None = None  # the chunk whose lines _fed_table holds (see _feed)
+        self._fed_table = _LineTable(b"", 0, 1)
 
     # one scanner state per input file
     def scan_paths(self, paths: Iterable[str], progress: Callable[[int], None] | None = None,
@@ -262,16 +264,27 @@ class Scanner:
                 return {**{k: v for k, v in m.groupdict().items() if v is not None}, "layer": "anchor"}
         return None
 
-    @staticmethod
-    def _feed(block, data: bytes, pos: int, line_no: int) -> bool:
-        """Feed ``block`` the lines of ``data`` from ``pos``; True if it wants more (chunk ended)."""
+    FEED_CACHE = 1 << 16  # decoded lines of the current chunk remembered for block readers
+
+    def _feed(self, block, data: bytes, pos: int, line_no: int) -> bool:
+        """Feed ``block`` the lines of ``data`` from ``pos``; True if it wants more (chunk ended).
+
+        Every open block reads ahead from its own first line. A block that follows one launcher
+        prefix (a rank's traceback, ``key``) reads only the lines of that prefix: the chunk's
+        lines are decoded once into a table indexed by prefix (_LineTable), and the other
+        prefixes' lines in between are counted, not read. With hundreds of ranks' tracebacks
+        interleaved, the work is then the chunk's lines once plus each block's own lines."""
+        if isinstance(block, S.TracebackBlock):
+            if self._fed is not data or pos < self._fed_table.start:
+                self._fed, self._fed_table = data, _LineTable(data, pos, line_no)
+            return self._fed_table.feed(block, pos)
         n = len(data)
         find = data.find
         while pos < n:
             end = find(b"\n", pos)
             if end < 0:
                 end = n
-            if not block.feed(data[pos:end], line_no):
+            if not block.feed_text(L.clean(data[pos:end]), line_no):
                 return False
             pos = end + 1
             line_no += 1
@@ -282,3 +295,71 @@ class Scanner:
         for b in res.open_blocks:
             b.finish()
         res.open_blocks = []
+
+
+class _LineTable:
+    """The lines of one chunk from ``start`` on, decoded once, in order, as block readers ask
+    for them: text, line number and launcher prefix of each, and per prefix the indices of its
+    lines (Scanner._feed)."""
+
+    __slots__ = ("by_key", "data", "first_line", "pos", "start", "starts", "texts")
+
+    def __init__(self, data: bytes, start: int, first_line: int):
+        self.data, self.start, self.first_line = data, start, first_line
+        self.pos = start  # where the next line to decode starts
+        self.texts: list = []
+        self.starts: list = []  # byte offset of each line
+        self.by_key: dict = {}  # prefix -> indices into texts
+
+    def _grow(self, upto: int) -> bool:
+        """Decode lines until ``upto`` lines are known; False at the end of the chunk."""
+        data, n = self.data, len(self.data)
+        while len(self.texts) < upto:
+            if self.pos >= n:
+                return False
+            end = data.find(b"\n", self.pos)
+            if end < 0:
+                end = n
+            text = L.clean(data[self.pos:end])
+            self.by_key.setdefault(L.prefix_key(text), []).append(len(self.texts))
+            self.texts.append(text)
+            self.starts.append(self.pos)
+            self.pos = end + 1
+        return True
+
+    def _index_of(self, pos: int) -> int:
+        """The index of the line that starts at byte ``pos`` (decoding up to it)."""
+        from bisect import bisect_left
+
+        i = bisect_left(self.starts, pos)
+        while i >= len(self.starts) or self.starts[i] != pos:
+            if not self._grow(len(self.texts) + 1):
+                return len(self.texts)  # pos is at (or past) the end of the chunk
+            i = bisect_left(self.starts, pos)
+        return i
+
+    def feed(self, block, pos: int) -> bool:
+        from bisect import bisect_left
+
+        i = self._index_of(pos)
+        own = self.by_key.setdefault(block.key, [])
+        while True:
+            j = bisect_left(own, i)
+            # decode on until a line of this prefix comes, or the block could not read that far
+            while j >= len(own):
+                limit = i + block.MAX_OTHERS + 1
+                if not self._grow(min(limit, len(self.texts) + 4096)) or len(self.texts) >= limit:
+                    break
+                j = bisect_left(own, i)
+            nxt = own[j] if j < len(own) else len(self.texts)
+            if not block.other_lines(nxt - i):  # the other prefixes' lines in between: counted only
+                return False
+            if j >= len(own):
+                if self.pos >= len(self.data):
+                    return True  # the chunk ended: the block reads on in the next one
+                i = nxt
+                continue
+            if not block.feed_text(self.texts[nxt], self.first_line + nxt):
+                return False
+            i = nxt + 1
+

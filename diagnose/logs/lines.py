@@ -112,8 +112,10 @@ def split_prefix(line: str) -> tuple[int | None, str]:
     return rank, rest
 
 
+@lru_cache(maxsize=1 << 14)
 def prefix_key(line: str) -> str:
-    """The launcher prefix of a line, used to follow one rank's traceback through interleaving."""
+    """The launcher prefix of a line, used to follow one rank's traceback through interleaving
+    (remembered: every open traceback reader asks it of the same lines)."""
     key = []
     rest = line
     for _ in range(5):

@@ -430,11 +430,15 @@ class Block:
         pass
 
     def feed(self, raw: bytes, line: int) -> bool:
+        return self.feed_text(clean(raw), line)
+
+    def feed_text(self, text: str, line: int) -> bool:
+        """The next line, decoded (``feed`` decodes it); False when the block is done."""
         self.n += 1
         if self.n > self.max_lines:
             self.finish()
             return False
-        if not self.line(clean(raw), line):
+        if not self.line(text, line):
             self.finish()
             return False
         return True
@@ -482,6 +486,19 @@ class TracebackBlock(Block):
 
     max_lines = 600
     MAX_FRAMES = 48
+    MAX_OTHERS = 400  # other prefixes' lines read past before the traceback is taken as ended
+
+    def other_lines(self, count: int) -> bool:
+        """``count`` lines of other prefixes passed (what ``line`` says of each; the scan's fast
+        path counts them without reading them): False when the block is done."""
+        if count <= 0:
+            return True
+        self.n += count
+        self.others += count
+        if self.n > self.max_lines or self.others >= self.MAX_OTHERS:
+            self.finish()
+            return False
+        return True
 
     def start(self, first):
         self.key = prefix_key(first)
@@ -504,7 +521,7 @@ class TracebackBlock(Block):
     def line(self, text, line):
         if prefix_key(text) != self.key:
             self.others += 1
-            return self.others < 400
+            return self.others < self.MAX_OTHERS
         _, msg = split_prefix(text)
         stripped = msg.strip()
         self.s.tb_until[(self.file, self.key)] = line
