@@ -212,6 +212,9 @@ def merge_structure(dst: S.Structure, src: S.Structure):
         elif name == "grad_norm_runs":  # a file's runs continue into its next piece
             for file, runs in b.items():
                 a[file] = S.merge_grad_norm_runs(a[file], runs) if file in a else runs
+        elif name == "scale_runs":  # a file's loss-scale cuts continue into its next piece
+            for file, runs in b.items():
+                a[file] = S.merge_scale_runs(a[file], runs) if file in a else runs
         elif name == "paced":  # each series continued, as structure.add_pace grows it
             for key, pts in b.items():
                 if key not in a and len(a) >= S.MAX_PACE_SERIES:

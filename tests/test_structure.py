@@ -281,3 +281,23 @@ def test_an_isolated_nan_grad_norm_is_a_skipped_step_and_a_lasting_one_a_failure
     assert diagnose_text(skipped).root_cause is None
     rc = diagnose_text(lasting).root_cause
     assert rc is not None and rc.finding.signature.id == "MB-SYM-011" and rc.hit.line == 3
+
+
+def test_loss_scale_runs_of_a_file_read_in_two_parts_merge_to_the_whole():
+    """Cuts of the fp16 loss scale, each lower than the last, counted across a piece boundary
+    as one read counts them (parallel.py: merge_scale_runs), for every split of every sequence."""
+    import itertools
+
+    def runs(scales):
+        r = None
+        for sc in scales:
+            if r is None:
+                r = [0, 0, None, 0, False, sc]
+            S.add_scale(r, sc)
+        return r
+
+    for n in range(1, 7):
+        for seq in itertools.product((4.0, 2.0, 1.0), repeat=n):
+            whole = runs(seq)
+            for cut in range(1, n):
+                assert S.merge_scale_runs(runs(seq[:cut]), runs(seq[cut:])) == whole, (seq, cut)

@@ -36,7 +36,8 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   unexplained_exceptions Python exceptions that no signature recognised
   error_findings         error-level findings of the lines and exceptions (diagnosis.analyze)
   overflow_steps         fp16 steps skipped for a gradient overflow (apex, fairseq, DeepSpeed)
-  loss_scale_min         the smallest loss scale those lines set
+  loss_scale_min         the smallest loss scale those lines set; loss_scale_drops: the longest run
+                         of those lines each setting a lower scale than the one before
   ends_in_init           1 where every file's output stops inside distributed start-up (process
                          group, NCCL communicator, DDP / pipeline set-up lines: INIT_LINES) with no
                          iteration, step, exception or failed worker anywhere: a start-up hang
@@ -115,6 +116,7 @@ def compute(s: Structure, baseline_ms: float | None = None) -> dict:
         m["overflow_steps"] = t["overflow_steps"]
         if peaks.get("loss_scale_min") is not None:
             m["loss_scale_min"] = -peaks["loss_scale_min"]
+            m["loss_scale_drops"] = max((r[1] for r in s.scale_runs.values()), default=0)
     if peaks.get("mem_max_gb") is not None:
         m["mem_max_allocated_gb"] = peaks["mem_max_gb"]
     first = next((r["values"]["alloc_retries"] for r in s.memory if r["values"].get("alloc_retries") is not None), None)

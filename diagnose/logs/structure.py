@@ -217,6 +217,8 @@ class Structure:
     paced: dict = field(default_factory=dict)
     # file -> the runs of NaN grad norms in other frameworks' metrics lines (add_grad_norm)
     grad_norm_runs: dict = field(default_factory=dict)
+    # file -> the runs of fp16 loss-scale cuts, each lower than the one before (add_scale)
+    scale_runs: dict = field(default_factory=dict)
     year: int | None = None  # from the first dated line: glog timestamps (E1130 ...) carry none
 
     evidence: dict = field(default_factory=dict)  # name -> (file, line, text) of notable lines
@@ -806,6 +808,12 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
             if scale is not None and ("loss_scale_min" not in s.peaks or scale < -s.peaks["loss_scale_min"]):
                 s.peaks["loss_scale_min"] = -scale  # peaks keep the largest: the smallest scale, negated
                 s.note("loss_scale_min", file, line, text, replace=True)
+            if scale is not None:  # consecutive cuts, each lower than the last: the scale collapsing
+                runs = s.scale_runs.get(file)
+                if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
+                    runs = s.scale_runs[file] = [0, 0, None, 0, False, scale]
+                if runs is not None:
+                    add_scale(runs, scale)
     elif key == "@step_time":
         tm = _STEP_TIME.search(text)
         if tm and len(s.step_times) < MAX_SERIES:
@@ -865,7 +873,33 @@ def merge_grad_norm_runs(a: list, b: list) -> list:
     return [cur, longest, new_first, lead if finite else lead + b_lead, finite or b_finite, lead_first]
 
 
-MAX_GRAD_NORM_FILES = 4096  # files whose grad-norm runs are kept
+MAX_GRAD_NORM_FILES = 4096  # files whose grad-norm runs (and loss-scale runs) are kept
+
+
+def add_scale(runs: list, scale: float) -> None:
+    """One more loss scale set by an overflow line of a file. ``runs`` = [cuts in a row now (each
+    scale lower than the one before), the longest such run, the last scale, the run the file
+    starts with, whether that first run has ended, the first scale]."""
+    cur, longest, last, lead, lead_done, first = runs
+    cur = cur + 1 if (last is not None and scale < last) else 1
+    if not lead_done:
+        if last is None or scale < last:
+            lead += 1
+        else:
+            lead_done = True
+    runs[:] = [cur, max(longest, cur), scale, lead, lead_done, first]
+
+
+def merge_scale_runs(a: list, b: list) -> list:
+    """The loss-scale runs of one file read in two parts, ``a`` then ``b``, as add_scale counts them."""
+    cur, longest, last, lead, lead_done, first = a
+    b_cur, b_longest, b_last, b_lead, b_lead_done, b_first = b
+    goes_on = last is not None and b_first < last  # b's first cut continues a's last run
+    joined = cur + b_lead if goes_on else b_lead
+    new_cur = joined if not b_lead_done else b_cur
+    if not lead_done:
+        lead, lead_done = (lead + b_lead, b_lead_done) if goes_on else (lead, True)
+    return [new_cur, max(longest, b_longest, joined), b_last, lead, lead_done, first]
 
 
 MAX_PACE_SERIES = 16  # distinct (kind, total) series kept: a log of many progress bars stays bounded
