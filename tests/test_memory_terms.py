@@ -234,3 +234,226 @@ def test_missing_or_wrong_shapes_and_layouts_are_errors():
         est(model__seq_length=None)
     assert est(model__seq_length=None, dataset__sequence_length=128).peak_gb == est().peak_gb
     assert math.isclose(est(world=None).world_size, 1)
+
+
+# ---- defaults, notes and edges (each case is something the model's code must not get wrong)
+
+def test_defaults_equal_the_explicit_values():
+    base = est()
+    absent_mb = copy.deepcopy(BASE)
+    del absent_mb["train"]["micro_batch_size"]
+    e1 = M.estimate(RunConfig(absent_mb, "t"), world_size=1, gpu_memory_gb=80)
+    assert e1.breakdown["activations"] == est(train__micro_batch_size=1).breakdown["activations"]
+    # SwiGLU unless gated_linear_unit is false; untied; vocab padded to 128 x TP
+    no_gate = copy.deepcopy(BASE)
+    del no_gate["model"]["gated_linear_unit"]
+    e2 = M.estimate(RunConfig(no_gate, "t"), world_size=1, gpu_memory_gb=80)
+    assert e2.breakdown["weights"] == est(model__gated_linear_unit=True).breakdown["weights"] > base.breakdown["weights"]
+    assert bytes_of(est(model__gated_linear_unit=True), "activations") == pytest.approx(
+        4 * T * (10 * h + (8 * h + 6 * 256)) + EMB_ACT + LOGITS, abs=1e-3)  # fc1 output 2 x ffn wide
+    assert est(model__share_embeddings_and_output_weights=False).breakdown == base.breakdown
+    tp2 = est(world=2, model__tensor_model_parallel_size=2, model__vocab_size=1100)  # 128 x 2 = 256: 1280
+    assert bytes_of(tp2, "weights") == pytest.approx(2 * ((4 * (ATTN + MLP) / 2 + 4 * NORMS) + 2 * 1280 * h / 2 + h),
+                                                     abs=1e-3)
+    # ffn defaults to 4 h; kv_channels to h // heads (60 // 8 = 7)
+    no_ffn = copy.deepcopy(BASE)
+    del no_ffn["model"]["ffn_hidden_size"]
+    e3 = M.estimate(RunConfig(no_ffn, "t"), world_size=1, gpu_memory_gb=80)
+    assert e3.breakdown["weights"] == est().breakdown["weights"]  # 4 x 64 = 256 already
+    odd = est(model__hidden_size=60, model__num_attention_heads=8, model__num_query_groups=8, model__kv_channels=None,
+              model__ffn_hidden_size=240)
+    attn = 60 * 8 * 7 + 2 * 60 * 8 * 7 + 8 * 7 * 60
+    params = 4 * (attn + 60 * 240 * 2 + 120) + 2 * 1024 * 60 + 60
+    assert bytes_of(odd, "weights") == pytest.approx(2 * params, abs=1e-3)
+
+
+def test_notes_say_what_the_model_assumed():
+    def notes(**kw):
+        return "\n".join(est(**kw).notes)
+
+    base = notes()
+    assert "no distributed optimizer: every GPU holds the full optimizer state (18 B/param)" in base
+    assert "fp32 parameters" not in base and "most-loaded stage" not in base and "MoE:" not in base
+    assert "MoE: tokens assumed balanced across experts (no dispatcher workspace, no imbalance)" in notes(
+        model__num_moe_experts=4, model__moe_ffn_hidden_size=32)
+    assert "multi-latent attention: the q/kv down-projections are counted as replicated" in notes(
+        model__multi_latent_attention=True, model__kv_lora_rank=16)
+    assert "FP8 parameters: 1 byte per weight" in notes(model__fp8="hybrid", model__fp8_param_gather=True)
+    assert "fp32 parameters: no separate FP32 master copy" in notes(model__bf16=False)
+    assert "fp32 parameters" not in notes(model__bf16=False, model__fp16=True)
+    assert "CUDA graphs: their private memory pools are not counted (measure them)" in notes(
+        model__cuda_graph_impl="local")
+    assert "selective recompute of core_attn: core attention is not stored in any case" in notes(
+        model__recompute_granularity="selective")
+    assert "selective recompute of core_attn, mlp:" in notes(model__recompute_granularity="selective",
+                                                             model__recompute_modules=["core_attn", "mlp"])
+    assert "fine-grained activation offloading is not modelled" in notes(model__fine_grained_activation_offloading=True)
+    assert "weight offloading: no effect" in notes(model__cpu_offloading=True, model__cpu_offloading_weights=True)
+    assert "weight offloading" not in notes(model__cpu_offloading_weights=True)
+    pp = est(world=2, model__pipeline_model_parallel_size=2)
+    assert "most-loaded stage: first stage; 2 microbatch(es) in flight" in pp.notes
+    nogbs = copy.deepcopy(BASE)
+    nogbs["model"]["pipeline_model_parallel_size"] = 2
+    del nogbs["train"]["global_batch_size"]
+    e = M.estimate(RunConfig(nogbs, "t"), world_size=2, gpu_memory_gb=80)
+    assert "global batch size unknown: as many microbatches in flight as pipeline stages" in e.notes
+    assert not any("global batch size unknown" in n for n in est().notes + pp.notes)
+    d = M.estimate(RunConfig(copy.deepcopy(BASE), "t"), world_size=1)
+    assert d.gpu == "h100" and "GPU: H100 80GB assumed (give --gpu or --gpu-memory)" in d.notes
+    g = M.estimate(RunConfig(copy.deepcopy(BASE), "t"), world_size=1, gpu="H100")
+    assert g.gpu == "h100" and not any("assumed" in n for n in g.notes)
+    assert est().gpu == "80 GB"
+    w = M.estimate(RunConfig({**copy.deepcopy(BASE), "model": {**BASE["model"], "tensor_model_parallel_size": 2,
+                                                                 "pipeline_model_parallel_size": 2,
+                                                                 "context_parallel_size": 2}}, "t"))
+    assert w.world_size == 8 and any("world size 8: the smallest the layout allows (TP·PP·CP = 8, ETP·EP·PP = 4)" in n
+                                     for n in w.notes)
+    with pytest.raises(M.MemoryModelError, match=r"world size 4 is not divisible by TP·PP·CP = 8 and ETP·EP·PP = 4"):
+        M.estimate(RunConfig({**copy.deepcopy(BASE), "model": {**BASE["model"], "tensor_model_parallel_size": 2,
+                                                                "pipeline_model_parallel_size": 2,
+                                                                "context_parallel_size": 2}}, "t"), world_size=4)
+    with pytest.raises(M.MemoryModelError, match=r"known: a100, a100-40, .*h100, "):
+        M.gpu_capacity_gb("voodoo5")
+
+
+def test_context_parallel_divides_tokens_and_shards_the_optimizer():
+    e = est(world=4, model__context_parallel_size=2, optimizer__use_distributed_optimizer=True)  # DP = 2, CP = 2
+    params = 4 * LAYER + 2 * EMB + h
+    assert bytes_of(e, "optimizer_gpu") == pytest.approx(12 * params / 4, abs=1e-3)  # shard = DP x CP
+    t = T / 2
+    acts = 4 * t * (10 * h + (8 * h + 4 * 256)) + 8 * t + 2 * t * h + 4 * t * (h + Vp)
+    assert bytes_of(e, "activations") == pytest.approx(acts, abs=1e-3)
+    assert est(world=4, ddp__use_distributed_optimizer=True).breakdown["optimizer_gpu"] == \
+        est(world=4, optimizer__use_distributed_optimizer=True).breakdown["optimizer_gpu"]
+
+
+def test_sequence_parallel_needs_tensor_parallel():
+    assert est(model__sequence_parallel=True).breakdown == est().breakdown
+
+
+def test_odd_option_values_fall_back_safely():
+    base = est()
+    # a MoE frequency that is not a number or a list (Megatron also takes a Python expression
+    # string): every layer is MoE, as with the default 1
+    moe = dict(model__num_moe_experts=4, model__moe_ffn_hidden_size=32)
+    every = est(**moe)
+    for freq in ("([1]*4)", True, 0, -3):
+        assert est(model__moe_layer_freq=freq, **moe).breakdown == every.breakdown, freq
+    assert est(model__moe_layer_freq=1, **moe).breakdown == every.breakdown
+    assert est(model__moe_router_topk=2, **moe).breakdown == every.breakdown  # top-2 by default
+    # every layer MoE: no dense MLP needs ffn_hidden_size
+    no_ffn = copy.deepcopy(BASE)
+    del no_ffn["model"]["ffn_hidden_size"]
+    no_ffn["model"].update(num_moe_experts=4, moe_ffn_hidden_size=32)
+    assert M.estimate(RunConfig(no_ffn, "t"), world_size=1, gpu_memory_gb=80).peak_gb > 0
+    # an offload fraction that is not a number (or a bool) offloads nothing; none given: 0
+    off = dict(optimizer__use_distributed_optimizer=True, optimizer__optimizer_cpu_offload=True)
+    zero = est(world=2, optimizer__optimizer_offload_fraction=0.0, **off)
+    for frac in ("half", True):
+        assert est(world=2, optimizer__optimizer_offload_fraction=frac, **off).breakdown == zero.breakdown, frac
+    assert est(world=2, **off).breakdown == zero.breakdown
+    # activation offload switched on with no layer count offloads nothing
+    assert est(model__cpu_offloading=True).breakdown["activations"] == base.breakdown["activations"]
+    with pytest.raises(M.MemoryModelError, match="hidden_size"):
+        est(model__hidden_size=0)
+    assert est(model__num_attention_heads=1, model__num_query_groups=1, model__kv_channels=64).peak_gb > 0
+
+
+def test_precision_aware_defaults_and_fp32_parameters():
+    params = 4 * LAYER + 2 * EMB + h
+    e = est(optimizer__use_precision_aware_optimizer=True)  # every dtype fp32 by default
+    assert bytes_of(e, "optimizer_gpu") == pytest.approx(12 * params, abs=1e-3)
+    fp32 = est(model__bf16=False, optimizer__use_precision_aware_optimizer=True)
+    assert bytes_of(fp32, "optimizer_gpu") == pytest.approx(8 * params, abs=1e-3)  # no master copy
+    assert bytes_of(est(model__bf16=False), "weights") == pytest.approx(4 * params, abs=1e-3)
+    assert bytes_of(est(model__bf16=False, ddp__grad_reduce_in_fp32=False), "grads") == \
+        pytest.approx(4 * params, abs=1e-3)  # fp32 parameters: fp32 grads
+    fp16 = est(model__bf16=False, model__fp16=True)
+    assert bytes_of(fp16, "weights") == pytest.approx(2 * params, abs=1e-3)
+    assert bytes_of(est(model__fp8="hybrid", model__fp8_param_gather=True), "weights") == \
+        pytest.approx(params, abs=1e-3)
+
+
+def test_expert_and_tensor_parallel_shard_the_experts():
+    moe = dict(model__num_moe_experts=4, model__moe_ffn_hidden_size=32)
+    one = est(**moe)
+    four = est(world=4, model__tensor_model_parallel_size=2, model__expert_model_parallel_size=2, **moe)
+    experts = 4 * (4 * h * 32 * 2)
+    assert bytes_of(one, "weights") - bytes_of(four, "weights") > 2 * experts * (1 - 1 / 4) - 1  # / (EP x ETP)
+
+
+def test_shared_experts_count_in_parameters_and_activations():
+    moe = dict(model__num_moe_experts=4, model__moe_ffn_hidden_size=32, model__moe_router_topk=2)
+    e, s = est(**moe), est(model__moe_shared_expert_intermediate_size=48, **moe)
+    assert bytes_of(s, "weights") - bytes_of(e, "weights") == pytest.approx(2 * 4 * h * 48 * 2, abs=1e-3)
+    assert bytes_of(s, "activations") - bytes_of(e, "activations") == pytest.approx(4 * T * 4 * 48, abs=1e-3)
+
+
+def test_mla_default_head_dims():
+    explicit = est(model__multi_latent_attention=True, model__kv_lora_rank=16, model__qk_head_dim=128,
+                   model__qk_pos_emb_head_dim=64, model__v_head_dim=128)
+    assert est(model__multi_latent_attention=True, model__kv_lora_rank=16).breakdown == explicit.breakdown
+
+
+def test_recompute_edges():
+    # uniform full recompute without a layer count: chunks of one layer
+    assert est(model__recompute_granularity="full", model__recompute_method="uniform").breakdown == \
+        est(model__recompute_granularity="full", model__recompute_method="uniform",
+            model__recompute_num_layers=1).breakdown
+    # without SP the chunk's input is not divided by TP
+    e = est(world=2, model__tensor_model_parallel_size=2, model__recompute_granularity="full",
+            model__recompute_method="uniform", model__recompute_num_layers=4)
+    per_layer = T * (10 * h + (8 * h + 4 * 256) / 2)
+    assert bytes_of(e, "activations") == pytest.approx(
+        1 * 2 * T * h + 4 * per_layer + 8 * T + 2 * T * h + 4 * T * (h + Vp) / 2, abs=1e-3)
+    # uniform recompute works on the largest layers (MoE here), offload keeps the first in transit
+    moe = dict(model__num_moe_experts=4, model__moe_ffn_hidden_size=512, model__moe_layer_freq=[1, 0, 0, 0],
+               model__moe_router_topk=2)
+    big = T * (10 * h + (8 * h + 2 * (4 * 512 + 4 * h) + 4 * 4))
+    r = est(model__recompute_granularity="full", model__recompute_method="uniform", model__recompute_num_layers=1,
+            **moe)
+    assert bytes_of(r, "activations") == pytest.approx(4 * CKPT + big + EMB_ACT + LOGITS, abs=1e-3)
+    sel = est(model__recompute_granularity="selective", model__recompute_modules=["moe"], **moe)
+    assert bytes_of(sel, "activations") == pytest.approx(0.5 * (big + 3 * ACT) + EMB_ACT + LOGITS, abs=1e-3)
+    off = est(model__cpu_offloading=True, model__cpu_offloading_num_layers=3,
+              model__cpu_offloading_double_buffering=True, **moe)
+    assert bytes_of(off, "activations") == pytest.approx(ACT + big + big + EMB_ACT + LOGITS, abs=1e-3)
+    # a stage with no layer (more stages than layers) is sized, not a crash
+    assert est(world=4, model__num_layers=2, model__pipeline_model_parallel_size=4,
+               model__recompute_granularity="full", model__recompute_method="block").peak_gb > 0
+
+
+def test_microbatches_in_flight_follow_the_global_batch():
+    # PP=4, DP=1: 7 // 2 = 3 microbatches: the first stage holds 3, not 4 (nor 3.5)
+    e = est(world=4, model__pipeline_model_parallel_size=4, train__global_batch_size=7)
+    assert "most-loaded stage: first stage; 3 microbatch(es) in flight" in e.notes
+    one = est(world=2, model__pipeline_model_parallel_size=2, train__global_batch_size=2)  # one microbatch:
+    assert "most-loaded stage: last stage; 1 microbatch(es) in flight" in one.notes  # 1 each, + the logits
+    nogbs = copy.deepcopy(BASE)
+    nogbs["model"]["pipeline_model_parallel_size"] = 2
+    del nogbs["train"]["global_batch_size"]
+    e2 = M.estimate(RunConfig(nogbs, "t"), world_size=2, gpu_memory_gb=80)
+    assert "most-loaded stage: first stage; 2 microbatch(es) in flight" in e2.notes
+    # the last stage is the most loaded when the logits are big: its 1 microbatch in flight
+    big_v = est(world=2, model__pipeline_model_parallel_size=2, model__vocab_size=200000)
+    assert big_v.stage == "last stage" and "most-loaded stage: last stage; 1 microbatch(es) in flight" in big_v.notes
+
+
+def test_uneven_stages_are_read_from_the_config():
+    even = est(world=2, model__pipeline_model_parallel_size=2)
+    first3 = est(world=2, model__pipeline_model_parallel_size=2, model__num_layers_in_first_pipeline_stage=3)
+    last3 = est(world=2, model__pipeline_model_parallel_size=2, model__num_layers_in_last_pipeline_stage=3)
+    assert first3.peak_gb > even.peak_gb and last3.peak_gb > even.peak_gb and first3.peak_gb != last3.peak_gb
+    assert M._stage_layers(6, 3, 1, 0, 3, None) == [0, 1, 2]
+    assert M._stage_layers(6, 3, 1, 1, 3, None) == [3]
+    assert M._stage_layers(6, 3, 1, 0, None, 1) == [0, 1]
+    assert M._stage_layers(6, 3, 1, 2, None, 1) == [4]
+    assert M._stage_layers(4, 2, 1, 1, 2, 2) == [2, 3]
+    assert M._stage_layers(3, 2, 2, 1, None, None) == [1]  # PP x VPP > layers: no interleaving
+
+
+def test_host_memory_is_per_node_of_8_gpus():
+    off = dict(optimizer__use_distributed_optimizer=True, optimizer__optimizer_cpu_offload=True,
+               optimizer__optimizer_offload_fraction=1.0)
+    e = est(world=16, **off)
+    assert e.host_gb == pytest.approx(8 * e.breakdown["optimizer_host_per_gpu"])
