@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.gen_log import generate, parse_size  # noqa: E402
 
-sys.path.remove(str(REPO))
+# (bench stays importable: bench.matrix is imported by a test below)
 
 
 def test_generated_log_has_the_size_and_the_structure(tmp_path, db):
@@ -84,3 +84,22 @@ def test_signature_anchors_stay_rare_on_a_generated_log(tmp_path, db):
     lines = data.count(b"\n")
     noisy = {k: n for k, n in per_key.items() if n > 0.005 * lines}
     assert not noisy, f"anchors on {', '.join(f'{k} ({n} of {lines} lines)' for k, n in noisy.items())}"
+
+
+@pytest.mark.parametrize("kind,expect", [
+    ("quiet", "healthy"), ("nccl", "cuda_oom"), ("storm", "healthy"), ("timers", "cuda_oom"),
+    ("tracebacks", "other"), ("corpus", None),
+])
+def test_every_composition_of_the_matrix_is_written_to_size_and_read(tmp_path, db, kind, expect):
+    """bench/matrix.py's compositions: the size asked for, and the story each one tells."""
+    from bench.matrix import write
+    from diagnose.diagnosis import diagnose_paths
+
+    log = write(kind, tmp_path, 1 << 20)
+    assert log.stat().st_size >= 0.8 * (1 << 20)  # the generator stops within its tail reserve
+    rep = diagnose_paths([str(log)], db, jobs=1)
+    got = rep.root_cause.finding.signature.category if rep.root_cause else "healthy"
+    if expect is not None:
+        assert got == expect, (kind, got)
+    if kind == "tracebacks":  # every rank's traceback is followed through the interleaving to its end
+        assert len(rep.structure.tracebacks) >= 60 and all(t.exc_type == "KeyError" for t in rep.structure.tracebacks)

@@ -488,16 +488,18 @@ class TracebackBlock(Block):
 
     max_lines = 600
     MAX_FRAMES = 48
-    MAX_OTHERS = 400  # other prefixes' lines read past before the traceback is taken as ended
+    # other prefixes' lines passed before the traceback is taken as ended: 512 ranks crashing at
+    # once interleave their tracebacks line by line, so one rank's 60 lines can span 30,000 (the
+    # scan passes over them in bulk: scan._LineTable)
+    MAX_OTHERS = 50_000
 
     def other_lines(self, count: int) -> bool:
         """``count`` lines of other prefixes passed (what ``line`` says of each; the scan's fast
         path counts them without reading them): False when the block is done."""
         if count <= 0:
             return True
-        self.n += count
-        self.others += count
-        if self.n > self.max_lines or self.others >= self.MAX_OTHERS:
+        self.others += count  # max_lines bounds the block's own lines
+        if self.others >= self.MAX_OTHERS:
             self.finish()
             return False
         return True
