@@ -125,3 +125,22 @@ def emit_report(text: str, output=None) -> None:
             fh.write(text)
     except OSError as exc:
         raise click.ClickException(f"{output}: cannot write the report ({exc.strerror or exc})") from None
+
+
+def gate_options(fn):
+    """The options a report's gate shares (scan, merge): the run's config, --fail-on, and the
+    baseline of accepted findings to read or write."""
+    for deco in reversed((
+        click.option("--config", "config_path", type=str,
+                     help="The run's config (Bridge run_config.yaml, YAML, or MLM args dump)."),
+        click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error",
+                     show_default=True,
+                     help="Exit 1 when a finding at or above this severity is found (advice never fails)."),
+        click.option("--baseline", "baseline_path", type=str, metavar="FILE",
+                     help="Baseline file of accepted findings: exit 1 only on findings not in it."),
+        click.option("--write-baseline", "write_baseline", type=str, metavar="FILE",
+                     help="Record the current findings as accepted in FILE (then exit as if gated by it: 0)."),
+    )):
+        fn = deco(fn)
+    return fn
+

@@ -12,7 +12,7 @@ from .. import exitcodes
 from ..diagnosis import analyze
 from ..parallel import ShardError, merge_partials, read_partial
 from ..report import FORMATS
-from .common import load_cfg, load_db
+from .common import gate_options, load_cfg, load_db
 from .scan import _load_baseline, finish
 
 
@@ -21,14 +21,7 @@ from .scan import _load_baseline, finish
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default=None,
               help="Output format (default: text), as for a scan.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to FILE (summary on stderr).")
-@click.option("--config", "config_path", type=str,
-              help="The run's config (Bridge run_config.yaml, YAML, or MLM args dump).")
-@click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
-              help="Exit 1 when a finding at or above this severity is found (advice never fails).")
-@click.option("--baseline", "baseline_path", type=str, metavar="FILE",
-              help="Baseline file of accepted findings: exit 1 only on findings not in it.")
-@click.option("--write-baseline", "write_baseline", type=str, metavar="FILE",
-              help="Record the current findings as accepted in FILE (then exit as if gated by it: 0).")
+@gate_options
 @click.option("--baseline-ms", type=float, help="Baseline iteration time (ms) for slowdown symptoms.")
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
 @click.option("-v", "--details", is_flag=True, help="Text report: every fix, the confirmation and all other findings.")

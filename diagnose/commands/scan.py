@@ -10,7 +10,7 @@ from .. import baseline as BL
 from .. import exitcodes
 from ..diagnosis import diagnose_paths
 from ..report import FORMATS, get_formatter
-from .common import complete_path_or_command, emit_report, load_cfg, load_db, versions_option
+from .common import complete_path_or_command, emit_report, gate_options, load_cfg, load_db, versions_option
 
 
 def exit_code(report, fail_on: str, baseline=None) -> int:
@@ -24,15 +24,7 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
               help="Output format (default: text). Machine formats (json, sarif, junit, github, gitlab, "
                    "markdown) go to stdout, the human summary to stderr.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to FILE (summary on stderr).")
-@click.option(
-    "--config", "config_path", type=str, help="The run's config (Bridge run_config.yaml, YAML, or MLM args dump)."
-)
-@click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
-              help="Exit 1 when a finding at or above this severity is found (advice never fails).")
-@click.option("--baseline", "baseline_path", type=str, metavar="FILE",
-              help="Baseline file of accepted findings: exit 1 only on findings not in it.")
-@click.option("--write-baseline", "write_baseline", type=str, metavar="FILE",
-              help="Record the current findings as accepted in FILE (then exit as if gated by it: 0).")
+@gate_options
 @click.option("--engine", type=click.Choice(["auto", "regex", "hyperscan"]), default="auto", show_default=True)
 @click.option("--mcore-version", help="Megatron-Core version of the job (default: the newest known).")
 @click.option("--baseline-ms", type=float, help="Baseline iteration time (ms) for slowdown symptoms.")
