@@ -261,3 +261,92 @@ def test_a_burst_is_read_a_bounded_piece_per_poll(tmp_path):
     for _ in range(3):
         fol.poll()
     assert fol.fatal() is not None and fol.offset == log.stat().st_size
+
+
+# ---- what the follower keeps between polls (each found by a mutation run's survivors)
+
+def test_a_warning_finding_never_sets_the_fatal_time(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("")
+    fol = Follower(log, load())
+    _append(log, ITER.format(s=1, i=10, c=10240).replace("number of nan iterations:   0",
+                                                         "number of nan iterations:   1") + "\n")
+    assert [f.id for f in fol.poll()] == ["MB-NAN-007"]
+    assert fol.first_fatal_at is None
+    _append(log, OOM + "\n")
+    fol.poll()
+    assert fol.first_fatal_at is not None
+
+
+def test_the_follower_uses_the_database_config_and_versions_it_is_given(tmp_path, repo):
+    from diagnose.config.load import load_config
+
+    log = tmp_path / "run.log"
+    log.write_text(OOM + "\n")
+    db = load()
+    cfg = load_config(str(repo / "fixtures" / "configs" / "qwen3_30b_a3b_tp2_pp2_ep4.yaml"))
+    fol = Follower(log, db, config=cfg, versions={"megatron-core": "0.16.1"})
+    assert fol.db is db and fol.scanner.versions == {"megatron-core": "0.16.1"}
+    fol.poll()
+    rep = fol.report()
+    assert rep.config is not None and rep.config.get("model.num_layers") == cfg.get("model.num_layers")
+    assert rep.engine == fol.scanner.engine.name and rep.engine in ("regex", "hyperscan")
+
+
+def test_report_counts_every_line_once_and_can_be_asked_twice(tmp_path):
+    log = tmp_path / "run.log"
+    lines = [ITER.format(s=i, i=i, c=i * 1024) for i in range(1, 4)] + [OOM]
+    log.write_text("\n".join(lines) + "\n")
+    fol = Follower(log, load())
+    fol.poll()
+    first = fol.report()
+    assert first.lines_read == 4 and fol.carry == b"" and first.inputs == [str(log)]
+    again = fol.report()
+    assert again.lines_read == 4 and again.inputs == [str(log)]
+    assert [(f.id, f.count) for f in again.findings] == [(f.id, f.count) for f in first.findings]
+
+
+def test_nothing_new_leaves_nothing_pending(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text(ITER.format(s=1, i=1, c=1024) + "\n")
+    fol = Follower(log, load())
+    fol.poll()
+    assert fol.poll() == [] and fol.carry == b""
+    _append(log, OOM + "\n")
+    found = {f.id: f for f in fol.poll()}
+    assert "MB-OOM-001" in found and found["MB-OOM-001"].first.line == 2
+    assert found["MB-OOM-001"].first.text == OOM
+
+
+def test_truncated_in_place_to_the_same_first_bytes_is_read_anew(tmp_path):
+    """A job restarted into the same file (`>`): the same start-up lines, then a different end.
+    The file is shorter than what was read: its size says so even where its first bytes agree."""
+    head = "".join(ITER.format(s=i, i=i, c=i * 1024) + "\n" for i in range(1, 4))  # > 256 bytes
+    log = tmp_path / "run.log"
+    log.write_text(head + ITER.format(s=9, i=9, c=9 * 1024) + "\n" + ITER.format(s=10, i=10, c=10240) + "\n")
+    fol = Follower(log, load())
+    fol.poll()
+    with open(log, "r+", encoding="utf-8") as fh:  # truncate in place (same inode), shorter content
+        fh.seek(0)
+        fh.truncate()
+        fh.write(head + OOM[:200] + "\n")
+    found = fol.poll()
+    assert fol.offset == len((head + OOM[:200] + "\n").encode())
+    assert any(f.id == "MB-OOM-001" and f.first.line == 4 for f in found), [(f.id, f.first.line) for f in found]
+    _append(log, ITER.format(s=11, i=11, c=11264) + "\n")
+    assert all(f.id != "MB-OOM-001" for f in fol.poll())  # not found again: no restart on every poll
+
+
+def test_a_small_file_that_grows_keeps_its_first_bytes(tmp_path):
+    """The first bytes are kept across polls while the file is shorter than HEAD_BYTES: a grown
+    file is not taken for a rewritten one (which would report everything again)."""
+    log = tmp_path / "run.log"
+    log.write_text("start\n")
+    fol = Follower(log, load())
+    fol.poll()
+    _append(log, "x" * 100 + "\n")
+    fol.poll()
+    _append(log, OOM + "\n")
+    assert "MB-OOM-001" in [f.id for f in fol.poll()]
+    _append(log, "y" * 100 + "\n")
+    assert fol.poll() == [] and fol.offset == log.stat().st_size
