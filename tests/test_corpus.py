@@ -123,6 +123,11 @@ LAYER_CASES = [
     ("verl-rl/003_verl-vllm-wakeup-cumem-oom.log", "cuda_oom", "traceback"),
     # an asserted equal split is divisibility, whatever else the message says
     ("r3-rl/026_verl-agent-loop-chunk-60-by-8.log", "config_divisibility", "exception"),
+    # frames only: a traceback cut inside flash-attn's binding; inside pip's build of apex
+    ("te-torch/019_flash-attn-2-backward-illegal-memory-access-varlen.log", "cuda_error", "traceback"),
+    ("r4-nvidia/014_apex-torch110-cu113-ninja-build.log", "import_error", "traceback"),
+    # Ascend: HCCL's socket timeout, a consequence like NCCL's watchdog
+    ("r4-rl/028_llamafactory-910b3-ppo-after-reward-model.log", "nccl_timeout", "cascade"),
 ]
 
 
