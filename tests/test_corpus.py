@@ -81,7 +81,7 @@ def test_the_seen_list_names_test_part_logs_only():
 
 
 # measured (bench/README.md "Generalization"); the target is 0.90 on the test part
-FLOORS = {"dev": 0.68, "test": 0.56}
+FLOORS = {"dev": 0.70, "test": 0.56}
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])
