@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .analyze import expected, symptoms
+from .analyze import expected, layers, symptoms
 from .analyze import root_cause as RC
 from .config.runconfig import RunConfig, from_log_blocks
 from .db import Database, load
@@ -37,7 +37,8 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
         where = _config_where(res, config)
     else:
         where = ("", 0)
-    metrics = symptoms.compute(res.structure, baseline_ms)
+    tables = layers.load_tables(db.root) if db.root else None
+    metrics = symptoms.compute(res.structure, baseline_ms, tables.startup_line if tables and tables.startup else None)
     if baseline_run is not None:
         from .compare import side_from_report, slowdown_against
 

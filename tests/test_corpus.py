@@ -240,3 +240,20 @@ def test_the_tail_of_a_big_file_is_its_last_lines_in_pieces_and_gzip(tmp_path, m
         rep = diagnose_paths([str(path)], jobs=jobs)
         assert rep.root_cause is not None and rep.root_cause.finding.signature.id == "MB-SYM-010", (path, jobs)
         assert rep.root_cause.hit.line == n - 1  # the "Starting ddp" line, above the last dashes
+
+
+def test_the_start_up_lines_are_data_and_a_bad_row_is_refused(tmp_path):
+    """The start-up-hang table lives in signatures/layers/startup.yaml; the loader checks it."""
+    from diagnose.analyze import layers
+    from diagnose.db import default_path
+
+    tables = layers.load_tables(str(default_path()))
+    assert tables.startup and tables.startup_line("All DDP processes registered. Starting ddp with 2 processes")
+    assert not tables.startup_line("NCCL INFO [Service thread] Connection closed by localRank 2")  # teardown
+    for bad in ("startup_lines: [{id: x}]", "startup_lines: [{id: x, regex: '('}]",
+                "startup_lines: [{id: x, regex: a, extra: 1}]"):
+        d = tmp_path / bad.count("(").__str__() / str(len(bad))
+        (d / "layers").mkdir(parents=True)
+        (d / "layers" / "startup.yaml").write_text("schema_version: 1\n" + bad + "\n")
+        with pytest.raises(layers.LayerError):
+            layers.load_tables(str(d))

@@ -87,6 +87,18 @@ class Tables:
     by_exception: tuple
     by_traceback: tuple
     by_context: tuple = ()
+    # (id, regex) of the lines a job prints while it sets up its process groups (startup.yaml)
+    startup: tuple = ()
+
+    def startup_line(self, text: str) -> bool:
+        """Is ``text`` a distributed start-up line (``startup_lines``)?"""
+        for _, rx in self.startup:
+            try:
+                if rx.search(text, timeout=_TIMEOUT):
+                    return True
+            except TimeoutError:
+                continue
+        return False
 
     def rows(self):
         return self.by_exception + self.by_traceback + self.by_context
@@ -139,6 +151,7 @@ def _load(db_root: str) -> Tables:
     exc: list[Row] = []
     tb: list[Row] = []
     ctx: list[Row] = []
+    startup: list[tuple] = []
     seen: set[str] = set()
     for path in sorted(Path(db_root, "layers").glob("*.yaml")):
         try:
@@ -147,9 +160,20 @@ def _load(db_root: str) -> Tables:
             raise LayerError(f"{path.name}: invalid YAML: {e}") from None
         if not isinstance(doc, dict) or doc.get("schema_version") != 1:
             raise LayerError(f"{path.name}: expected a mapping with schema_version: 1")
-        extra = set(doc) - {"schema_version", "by_exception", "by_traceback", "by_context"}
+        extra = set(doc) - {"schema_version", "by_exception", "by_traceback", "by_context", "startup_lines"}
         if extra:
             raise LayerError(f"{path.name}: unknown section(s) {sorted(extra)}")
+        for raw in doc.get("startup_lines") or []:
+            if not isinstance(raw, dict) or set(raw) != {"id", "regex"} or not all(
+                    isinstance(raw[k], str) for k in ("id", "regex")):
+                raise LayerError(f"{path.name}: startup_lines: each row is {{id, regex}} (strings)")
+            if raw["id"] in seen:
+                raise LayerError(f"{path.name}: {raw['id']}: duplicate row id")
+            seen.add(raw["id"])
+            try:
+                startup.append((raw["id"], regex.compile(raw["regex"])))
+            except regex.error as exc_:
+                raise LayerError(f"{path.name}: {raw['id']}: regex does not compile: {exc_}") from None
         for section, out in (("by_exception", exc), ("by_traceback", tb), ("by_context", ctx)):
             for raw in doc.get(section) or []:
                 row = _row(raw, path.name, section)
@@ -157,7 +181,7 @@ def _load(db_root: str) -> Tables:
                     raise LayerError(f"{path.name}: {row.id}: duplicate row id")
                 seen.add(row.id)
                 out.append(row)
-    return Tables(tuple(exc), tuple(tb), tuple(ctx))
+    return Tables(tuple(exc), tuple(tb), tuple(ctx), tuple(startup))
 
 
 def check_against(tables: Tables, db) -> None:

@@ -39,7 +39,8 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   loss_scale_min         the smallest loss scale those lines set; loss_scale_drops: the longest run
                          of those lines each setting a lower scale than the one before
   ends_in_init           1 where every file's output stops inside distributed start-up (process
-                         group, NCCL communicator, DDP / pipeline set-up lines: INIT_LINES) with no
+                         group, NCCL communicator, DDP / pipeline set-up lines: the startup_lines
+                         table of signatures/layers/startup.yaml) with no
                          iteration, step, exception or failed worker anywhere: a start-up hang
   offload_fraction       the config's optimizer-offload fraction, where offload is on and more
                          is offloaded than fits needs (analyze/expected.py); offload_fraction_fits:
@@ -66,7 +67,9 @@ def paced_series(s: Structure) -> list:
     return best
 
 
-def compute(s: Structure, baseline_ms: float | None = None) -> dict:
+def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -> dict:
+    """The metrics of ``s``. ``startup_line``: a predicate for distributed start-up lines (the
+    layer tables' ``startup_lines``); without it, ``ends_in_init`` is not computed."""
     m: dict = {}
     pts = s.iterations or paced_series(s)
     t, peaks = s.tally, s.peaks
@@ -108,7 +111,7 @@ def compute(s: Structure, baseline_ms: float | None = None) -> dict:
         if first is not None:
             s.note("grad_norm_nan_run", *first)
     m.update(timer_shares(s))
-    if not pts and not s.step_times and ends_in_init(s):
+    if startup_line is not None and not pts and not s.step_times and ends_in_init(s, startup_line):
         m["ends_in_init"] = 1
     if pts:
         m.update(change_point(pts, s))
@@ -156,29 +159,19 @@ def _split(vals: dict) -> dict:
     return got
 
 
-# What a job prints while it sets up its process groups: torch.distributed / c10d, NCCL's
-# communicator set-up (NCCL_DEBUG=INFO), Lightning's and DeepSpeed's DDP / pipeline set-up,
-# Megatron's model-parallel groups. A log whose every file stops on such a line, with nothing
-# after it, stopped there: a rank that never joined, a blocked port, a wrong interface.
-INIT_LINES = re.compile(
-    r"NCCL INFO (?!.*(?:Service thread|Connection closed|Destroy|[Aa]bort|[Cc]lean ?up|[Ff]inaliz))"
-    r"|\bGLOBAL_RANK: ?\d+, MEMBER: ?\d+/\d+|All (?:DDP|distributed) processes registered"
-    r"|Starting ddp with \d+ process|^distributed_backend=\w+$|\bRANK=\d+ STAGE=\d+ LAYERS="
-    r"|store_based_barrier_key|Completed store-based barrier|Initializing TorchBackend in DeepSpeed"
-    r"|initializ\w* (?:torch )?distributed\b|initializ\w* (?:tensor|pipeline|data|context|expert)"
-    r"[ -]model[ -]parallel|\bncclCommInitRank\b|\bInit COMPLETE\b")
 _WORDS = re.compile(r"[A-Za-z]{2}")
 
 
-def ends_in_init(s: Structure) -> bool:
-    """Every file read to its end stops on a distributed start-up line (INIT_LINES), and the log
-    shows no exception, traceback or failed worker (those name the failure instead)."""
+def ends_in_init(s: Structure, startup_line) -> bool:
+    """Every file read to its end stops on a distributed start-up line (``startup_line``: the
+    ``startup_lines`` table of signatures/layers/startup.yaml), and the log shows no exception,
+    traceback or failed worker (those name the failure instead)."""
     if not s.tails or s.tracebacks or s.exceptions or s.torchrun:
         return False
     last = None
     for file, tail in s.tails.items():
         words = [(line, text) for line, text in tail if _WORDS.search(text)]  # not "-----"
-        if not words or not INIT_LINES.search(words[-1][1]):
+        if not words or not startup_line(words[-1][1]):
             return False
         last = (file, *words[-1])
     if last is not None:
