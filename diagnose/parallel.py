@@ -271,6 +271,17 @@ def merge(dst: ScanResult, src: ScanResult, sigs: dict):
 
 # ----------------------------------------------------------------------------- parent side
 
+def expand_inputs(paths: list) -> tuple:
+    """The inputs as a serial scan expands them: [(source, the notes written just before it)],
+    and the notes written after the last."""
+    notes: list = []
+    order = []
+    for src in R.iter_sources(paths, notes):
+        order.append((src, notes[:]))
+        notes.clear()
+    return order, notes[:]
+
+
 def _size(src) -> int:
     try:
         return src.path.stat().st_size
@@ -314,12 +325,7 @@ def scan_parallel(scanner: Scanner, paths: list, jobs: int | None = None,
                   progress: Callable[[int], None] | None = None) -> ScanResult:
     """Scan ``paths`` like ``scanner.scan_paths`` does, with up to ``jobs`` processes."""
     t0 = time.perf_counter()
-    notes: list = []
-    order = []  # (source, the expansion notes written just before it)
-    for src in R.iter_sources(paths, notes):
-        order.append((src, notes[:]))
-        notes.clear()
-    trailing = notes[:]
+    order, trailing = expand_inputs(paths)
     sources = [s for s, _ in order]
     n = plan_jobs(sources, jobs)
     tasks = plan_tasks(sources, n) if n > 1 else []
@@ -392,17 +398,6 @@ class ShardError(Exception):
     """A shard cannot be scanned, or partial results cannot be merged: the message says why."""
 
 
-def _inputs(paths: list) -> tuple:
-    """The inputs as a serial scan expands them, with the notes written before each and after
-    the last; standard input cannot be sharded."""
-    notes: list = []
-    order = []
-    for src in R.iter_sources(paths, notes):
-        if src.path is None:
-            raise ShardError("standard input cannot be sharded: give files or folders")
-        order.append((src, notes[:]))
-        notes.clear()
-    return order, notes[:]
 
 
 class _Serial:
@@ -420,7 +415,9 @@ def scan_shard(scanner: Scanner, paths: list, k: int, n: int) -> dict:
     shards of one folder (or one big file) split its tasks exactly."""
     if not 1 <= k <= n:
         raise ShardError(f"shard {k}/{n}: K must be between 1 and N")
-    order, trailing = _inputs(paths)
+    order, trailing = expand_inputs(paths)
+    if any(src.path is None for src, _ in order):
+        raise ShardError("standard input cannot be sharded: give files or folders")
     sources = [src for src, _ in order]
     tasks = plan_tasks(sources, n) if n > 1 else [Task(i, i, src, 0, None) for i, src in enumerate(sources)]
     files_here = {t.idx for t in tasks if t.tid % n == k - 1}

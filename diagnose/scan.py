@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import re
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -118,7 +119,7 @@ class Scanner:
         ``start`` to ``end`` (``R.split_points``), whose first line is ``first_line``."""
         got, n_notes = False, len(res.notes)
         line = first_line
-        tail = b""  # the end of what was read: at least the last two chunks' worth of lines
+        tail = b""  # the last TAIL_BYTES read (Structure.tails keeps its last lines)
         for chunk in R.read_chunks(src, res.notes, start=start, end=end, first_line=first_line):
             got = True
             self.scan_chunk(chunk, src.name, idx, res)
@@ -264,8 +265,6 @@ class Scanner:
                 return {**{k: v for k, v in m.groupdict().items() if v is not None}, "layer": "anchor"}
         return None
 
-    FEED_CACHE = 1 << 16  # decoded lines of the current chunk remembered for block readers
-
     def _feed(self, block, data: bytes, pos: int, line_no: int) -> bool:
         """Feed ``block`` the lines of ``data`` from ``pos``; True if it wants more (chunk ended).
 
@@ -328,19 +327,14 @@ class _LineTable:
         return True
 
     def _index_of(self, pos: int) -> int:
-        """The index of the line that starts at byte ``pos`` (decoding up to it)."""
-        from bisect import bisect_left
-
+        """The index of the line that starts at byte ``pos`` (decoding up to it); the number of
+        lines when ``pos`` is at the end of the chunk."""
+        while self.pos <= pos and self._grow(len(self.texts) + 1):
+            pass
         i = bisect_left(self.starts, pos)
-        while i >= len(self.starts) or self.starts[i] != pos:
-            if not self._grow(len(self.texts) + 1):
-                return len(self.texts)  # pos is at (or past) the end of the chunk
-            i = bisect_left(self.starts, pos)
-        return i
+        return i if i < len(self.starts) and self.starts[i] == pos else len(self.texts)
 
     def feed(self, block, pos: int) -> bool:
-        from bisect import bisect_left
-
         i = self._index_of(pos)
         own = self.by_key.setdefault(block.key, [])
         while True:

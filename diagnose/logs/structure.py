@@ -42,11 +42,11 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@bridge_yaml": ("Final configuration:",),
     "@bridge_summary": ("Configuration Summary (Non-Default Values",),
     "@step_time": ("Step Time : ",),
-    # other frameworks' time per step (PACE below): tqdm bars, verl, NeMo / Lightning, mmengine,
-    # NeMo-RL, ms-swift
     # other frameworks' gradient norm in their metrics lines (HF / ms-swift dicts, mmengine, verl):
     # a NaN that the next record does not clear is a diverged run, an isolated one a skipped step
     "@grad_norm": ("'grad_norm': ", "grad_norm: ", "grad_norm:", "\"grad_norm\": ", "grad_norm="),
+    # other frameworks' time per step (PACE below): tqdm bars, verl, NeMo / Lightning, mmengine,
+    # NeMo-RL, ms-swift
     "@pace": ("s/it]", "it/s]", "s/it, ", "it/s, ", "timing_s/step:", "train_step_timing in s=",
               "train_step_timing=", "  data_time: ", "Total step time:", "'train_speed(iter/s)':"),
     # what the job was doing: a failure right after one of these lines happened while doing it
