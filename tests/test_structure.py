@@ -289,10 +289,8 @@ def test_loss_scale_runs_of_a_file_read_in_two_parts_merge_to_the_whole():
     import itertools
 
     def runs(scales):
-        r = None
+        r = S.ScaleRuns()
         for sc in scales:
-            if r is None:
-                r = [0, 0, None, 0, False, sc]
             S.add_scale(r, sc)
         return r
 

@@ -104,10 +104,10 @@ def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -
         if baseline_ms:
             m["slowdown"] = m["iter_ms_median"] / baseline_ms
     if s.grad_norm_runs:
-        m["grad_norm_nan_run"] = max(r[1] for r in s.grad_norm_runs.values())
-        open_runs = [r for r in s.grad_norm_runs.values() if r[0] > 0]
+        m["grad_norm_nan_run"] = max(r.longest for r in s.grad_norm_runs.values())
+        open_runs = [r for r in s.grad_norm_runs.values() if r.cur > 0]
         m["grad_norm_nan_last"] = 1 if open_runs else 0
-        first = max(open_runs, key=lambda r: r[0])[2] if open_runs else None  # the longest open run
+        first = max(open_runs, key=lambda r: r.cur).first if open_runs else None  # the longest open run
         if first is not None:
             s.note("grad_norm_nan_run", *first)
     m.update(timer_shares(s))
@@ -119,7 +119,7 @@ def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -
         m["overflow_steps"] = t["overflow_steps"]
         if peaks.get("loss_scale_min") is not None:
             m["loss_scale_min"] = -peaks["loss_scale_min"]
-            m["loss_scale_drops"] = max((r[1] for r in s.scale_runs.values()), default=0)
+            m["loss_scale_drops"] = max((r.longest for r in s.scale_runs.values()), default=0)
     if peaks.get("mem_max_gb") is not None:
         m["mem_max_allocated_gb"] = peaks["mem_max_gb"]
     first = next((r["values"]["alloc_retries"] for r in s.memory if r["values"].get("alloc_retries") is not None), None)

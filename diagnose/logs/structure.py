@@ -813,7 +813,7 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
             if scale is not None:  # consecutive cuts, each lower than the last: the scale collapsing
                 runs = s.scale_runs.get(file)
                 if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
-                    runs = s.scale_runs[file] = [0, 0, None, 0, False, scale]
+                    runs = s.scale_runs[file] = ScaleRuns()
                 if runs is not None:
                     add_scale(runs, scale)
     elif key == "@step_time":
@@ -828,14 +828,24 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
 
 _GRAD_NORM = re.compile(r"grad_norm['\"]?\s{0,3}[:=]\s{0,3}['\"]?(?P<v>[-+]?(?:nan|inf)\b|[-+]?\d{1,30}(?:\.\d{0,30})?"
                         r"(?:[eE][-+]?\d{1,4})?)", re.I)
+MAX_GRAD_NORM_FILES = 4096  # files whose grad-norm runs (and loss-scale runs) are kept
+
+
+@dataclass
+class NanRuns:
+    """The NaN / Inf grad norms of one file's metrics lines, in runs (add_grad_norm). ``lead``,
+    ``finite`` and ``lead_first`` let two parts of a file merge (merge_grad_norm_runs)."""
+
+    cur: int = 0  # NaN values in a row now
+    longest: int = 0  # the longest such run
+    first: tuple | None = None  # (file, line, text) of the current (or last) run's first value
+    lead: int = 0  # NaN values before the first finite one
+    finite: bool = False  # a finite value was seen
+    lead_first: tuple | None = None  # (file, line, text) of the first of those leading values
 
 
 def add_grad_norm(s: Structure, text: str, file: str, line: int) -> None:
-    """Another framework's grad norm (``@grad_norm``): the runs of NaN / Inf values per file,
-    Structure.grad_norm_runs[file] = [NaN values in a row now, the longest such run, (file,
-    line, text) of the current run's first, the NaN values before the first finite one, whether
-    a finite one was seen, the first of those leading NaN values] (the last three let pieces of
-    one file merge: merge_grad_norm_runs)."""
+    """Another framework's grad norm (``@grad_norm``) into the file's NanRuns."""
     m = _GRAD_NORM.search(text[:20000])
     if not m:
         return
@@ -843,65 +853,70 @@ def add_grad_norm(s: Structure, text: str, file: str, line: int) -> None:
     if runs is None:
         if len(s.grad_norm_runs) >= MAX_GRAD_NORM_FILES:
             return
-        runs = s.grad_norm_runs[file] = [0, 0, None, 0, False, None]
+        runs = s.grad_norm_runs[file] = NanRuns()
     if _is_bad(m.group("v")):
-        if runs[0] == 0:
-            runs[2] = (file, line, text[:2000])
-        runs[0] += 1
-        runs[1] = max(runs[1], runs[0])
-        if not runs[4]:
-            runs[3] += 1
-            if runs[5] is None:
-                runs[5] = runs[2]
+        if runs.cur == 0:
+            runs.first = (file, line, text[:2000])
+        runs.cur += 1
+        runs.longest = max(runs.longest, runs.cur)
+        if not runs.finite:
+            runs.lead += 1
+            if runs.lead_first is None:
+                runs.lead_first = runs.first
     else:
-        runs[0] = 0
-        runs[4] = True
+        runs.cur = 0
+        runs.finite = True
 
 
-def merge_grad_norm_runs(a: list, b: list) -> list:
+def merge_grad_norm_runs(a: NanRuns, b: NanRuns) -> NanRuns:
     """The runs of one file read in two parts, ``a`` then ``b``, as add_grad_norm counts them."""
-    cur, longest, first, lead, finite, lead_first = a
-    b_cur, b_longest, b_first, b_lead, b_finite, b_lead_first = b
-    longest = max(longest, b_longest, cur + b_lead)
-    new_first = first
-    if b_first is not None:  # b's last run began in b, unless it is b's leading run continuing a's
-        new_first = first if (cur and b_first == b_lead_first) else b_first
-    if b_finite:
-        cur = b_cur
-    else:  # b is NaN from end to end: a's open run goes on
-        cur += b_cur
-    if not finite and lead_first is None:
-        lead_first = b_lead_first
-    return [cur, longest, new_first, lead if finite else lead + b_lead, finite or b_finite, lead_first]
+    first = a.first
+    if b.first is not None:  # b's last run began in b, unless it is b's leading run continuing a's
+        first = a.first if (a.cur and b.first == b.lead_first) else b.first
+    return NanRuns(cur=b.cur if b.finite else a.cur + b.cur,  # b NaN end to end: a's open run goes on
+                   longest=max(a.longest, b.longest, a.cur + b.lead), first=first,
+                   lead=a.lead if a.finite else a.lead + b.lead, finite=a.finite or b.finite,
+                   lead_first=a.lead_first if (a.finite or a.lead_first is not None) else b.lead_first)
 
 
-MAX_GRAD_NORM_FILES = 4096  # files whose grad-norm runs (and loss-scale runs) are kept
+@dataclass
+class ScaleRuns:
+    """The fp16 loss scales one file's overflow lines set, in runs of cuts each lower than the
+    one before (add_scale). ``lead``, ``lead_done`` and ``first`` let two parts of a file merge
+    (merge_scale_runs)."""
+
+    cur: int = 0  # cuts in a row now
+    longest: int = 0  # the longest such run
+    last: float | None = None  # the last scale set
+    lead: int = 0  # the run the file starts with
+    lead_done: bool = False  # whether that first run has ended
+    first: float | None = None  # the first scale set
 
 
-def add_scale(runs: list, scale: float) -> None:
-    """One more loss scale set by an overflow line of a file. ``runs`` = [cuts in a row now (each
-    scale lower than the one before), the longest such run, the last scale, the run the file
-    starts with, whether that first run has ended, the first scale]."""
-    cur, longest, last, lead, lead_done, first = runs
-    cur = cur + 1 if (last is not None and scale < last) else 1
-    if not lead_done:
-        if last is None or scale < last:
-            lead += 1
+def add_scale(runs: ScaleRuns, scale: float) -> None:
+    """One more loss scale set by an overflow line of a file."""
+    goes_on = runs.last is not None and scale < runs.last
+    runs.cur = runs.cur + 1 if goes_on else 1
+    runs.longest = max(runs.longest, runs.cur)
+    if not runs.lead_done:
+        if runs.last is None or goes_on:
+            runs.lead += 1
         else:
-            lead_done = True
-    runs[:] = [cur, max(longest, cur), scale, lead, lead_done, first]
+            runs.lead_done = True
+    if runs.first is None:
+        runs.first = scale
+    runs.last = scale
 
 
-def merge_scale_runs(a: list, b: list) -> list:
+def merge_scale_runs(a: ScaleRuns, b: ScaleRuns) -> ScaleRuns:
     """The loss-scale runs of one file read in two parts, ``a`` then ``b``, as add_scale counts them."""
-    cur, longest, last, lead, lead_done, first = a
-    b_cur, b_longest, b_last, b_lead, b_lead_done, b_first = b
-    goes_on = last is not None and b_first < last  # b's first cut continues a's last run
-    joined = cur + b_lead if goes_on else b_lead
-    new_cur = joined if not b_lead_done else b_cur
+    goes_on = a.last is not None and b.first is not None and b.first < a.last  # b's first cut continues a's run
+    joined = a.cur + b.lead if goes_on else b.lead
+    lead, lead_done = a.lead, a.lead_done
     if not lead_done:
-        lead, lead_done = (lead + b_lead, b_lead_done) if goes_on else (lead, True)
-    return [new_cur, max(longest, b_longest, joined), b_last, lead, lead_done, first]
+        lead, lead_done = (lead + b.lead, b.lead_done) if goes_on else (lead, True)
+    return ScaleRuns(cur=joined if not b.lead_done else b.cur, longest=max(a.longest, b.longest, joined),
+                     last=b.last, lead=lead, lead_done=lead_done, first=a.first)
 
 
 MAX_PACE_SERIES = 16  # distinct (kind, total) series kept: a log of many progress bars stays bounded
