@@ -81,7 +81,7 @@ def test_the_seen_list_names_test_part_logs_only():
 
 
 # measured (bench/README.md "Generalization"); the issue's target is 0.90 on the test part
-FLOORS = {"dev": 0.70, "test": 0.56}
+FLOORS = {"dev": 0.72, "test": 0.59}
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])
@@ -257,3 +257,33 @@ def test_the_start_up_lines_are_data_and_a_bad_row_is_refused(tmp_path):
         (d / "layers" / "startup.yaml").write_text("schema_version: 1\n" + bad + "\n")
         with pytest.raises(layers.LayerError):
             layers.load_tables(str(d))
+
+
+def test_a_cut_row_reads_only_a_traceback_that_lost_its_exception_line(tmp_path):
+    """MB-GEN-025 (a step's compute cut before its exception line) is a suspicion for a cut
+    traceback only: the same frames with their exception line are that exception."""
+    real = Path(__file__).parent.parent / "fixtures/corpus/verl-rl/004_verl-megatron-32b-optimizer-step-oom.log"
+    text = real.read_text()
+    log = tmp_path / "cut.log"
+    log.write_text(text)
+    rc = diagnose_paths([str(log)], jobs=1).root_cause
+    assert rc is not None and rc.finding.signature.id == "MB-GEN-025" and rc.confidence == "suspected"
+    # the line the paste lost, put back: an exception the layers read by its type and message
+    whole = text.rsplit("\n", 2)[0] + "\n(TaskRunner pid=4022070)     exp_avg.lerp_(grad, 1 - beta1)\n" \
+        "(TaskRunner pid=4022070) RuntimeError: The size of tensor a (4096) must match the size of tensor b (2048) at non-singleton dimension 0\n"
+    log.write_text(whole)
+    rc = diagnose_paths([str(log)], jobs=1).root_cause
+    assert rc is not None and rc.finding.signature.id != "MB-GEN-025"
+
+
+@pytest.mark.parametrize("bad", [
+    "by_exception: [{id: x, signature: MB-GEN-011, types: [OutOfMemoryError], cut: true}]",
+    "by_traceback: [{id: x, signature: MB-GEN-011, frames: forward, cut: 1}]",
+])
+def test_a_cut_flag_outside_a_traceback_row_is_refused(tmp_path, bad):
+    from diagnose.analyze import layers
+
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "x.yaml").write_text("schema_version: 1\n" + bad + "\n")
+    with pytest.raises(layers.LayerError, match="cut"):
+        layers.load_tables(str(tmp_path))

@@ -34,7 +34,7 @@ import regex
 import yaml
 
 BASES = ("signature", "anchor", "exception", "traceback", "context", "wrapper", "symptom", "cascade", "failure")
-_ROW_FIELDS = {"id", "signature", "types", "message", "frames", "source", "innermost", "before", "within"}
+_ROW_FIELDS = {"id", "signature", "types", "message", "frames", "source", "innermost", "before", "within", "cut"}
 _TIMEOUT = 0.25
 _NAME = regex.compile(r"[A-Za-z_]\w*")
 
@@ -54,6 +54,7 @@ class Row:
     innermost: int | None = None
     before: regex.Pattern | None = None  # by_context: an activity line just before
     within: int = 0  # by_context: at most this many lines before the traceback
+    cut: bool = False  # by_traceback: holds only for a traceback that lost its exception line
 
     @property
     def basis(self) -> str:
@@ -64,6 +65,8 @@ class Row:
     def holds(self, etype: str | None, message: str, frames: list, source: list) -> bool:
         # every class name the type names: ray.exceptions.RayTaskError(OutOfMemoryError) is both
         if self.types and not self.types.intersection(_NAME.findall(etype or "")):
+            return False
+        if self.cut and etype:
             return False
         try:
             if self.message is not None and not self.message.search(message or "", timeout=_TIMEOUT):
@@ -134,11 +137,14 @@ def _row(raw, fname: str, section: str) -> Row:
         raise LayerError(f"{fname}: {rid}: 'within' must be a positive number of lines")
     if not (types or pats):
         raise LayerError(f"{fname}: {rid}: a row needs 'types', 'message', 'frames' or 'source'")
+    cut = raw.get("cut", False)
+    if not isinstance(cut, bool) or (cut and section != "by_traceback"):
+        raise LayerError(f"{fname}: {rid}: 'cut' is true or false, and only for by_traceback rows")
     inner = raw.get("innermost")
     if inner is not None and (not isinstance(inner, int) or inner < 1):
         raise LayerError(f"{fname}: {rid}: 'innermost' must be a positive integer")
     return Row(raw["id"], raw["signature"], frozenset(types), pats.get("message"), pats.get("frames"),
-               pats.get("source"), inner, pats.get("before"), within if "before" in pats else 0)
+               pats.get("source"), inner, pats.get("before"), within if "before" in pats else 0, cut)
 
 
 def load_tables(db_root: str) -> Tables:
