@@ -245,6 +245,36 @@ def test_finetune_on_old_bridge_refuses_optimizer_offload_with_the_reason(db):
     assert _edits(p)["optimizer.optimizer_cpu_offload"] is True
 
 
+@pytest.mark.parametrize("printed, version", [
+    ("megatron-bridge                          0.5.1", "0.5.1"),  # pip list
+    ("megatron-bridge==0.6.0rc0", "0.6.0rc0"),  # pip freeze
+    ("megatron_bridge-0.6.0.dist-info", "0.6.0"),  # a site-packages path
+    ("megatron-bridge: 0.5.0", "0.5.0"),  # an environment dump
+    ("Megatron-Bridge version 0.6.1", "0.6.1"),
+])
+def test_the_bridge_version_is_read_from_the_log(db, printed, version):
+    from diagnose.logs.structure import version_of
+
+    report, ctx, _ = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{printed}\n{FRESH}\n{OOM}", 8, None)
+    found = version_of(report.structure)
+    assert found is not None and found[0] == version and found[2] == 1
+    assert ctx.resume.bridge_version == RS.parse_version(version)
+
+
+def test_a_bridge_version_printed_in_the_log_decides_offload_on_a_fine_tune(db):
+    """No --bridge-version: the version pip printed in the job's log is used, and said."""
+    _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"),
+                        f"megatron-bridge                          0.5.1\n{FRESH}\n{OOM}", 8, None)
+    assert not p.edits and "MB-OFF-039" in reasons(p) and "0.5.1 (from " in reasons(p)
+    _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"),
+                        f"megatron-bridge                          0.6.0\n{FRESH}\n{OOM}", 8, None)
+    assert _edits(p)["optimizer.optimizer_cpu_offload"] is True
+    # the flag wins over the log
+    _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"),
+                        f"megatron-bridge                          0.6.0\n{FRESH}\n{OOM}", 8, "0.5.1")
+    assert not p.edits and "--bridge-version" in reasons(p)
+
+
 def test_ep_a2a_overlap_never_gets_pp_without_vpp(db):
     _, _, p = plan_case(db, seed(model__overlap_moe_expert_parallel_comm=True, model__moe_token_dispatcher_type="alltoall",
                                  model__bf16=True), f"{FRESH}\n{OOM}", 16, None)

@@ -65,8 +65,9 @@ def exit_code(report, fail_on: str, baseline=None) -> int:
 @click.option("--world-size", type=click.IntRange(min=1), help="GPUs of the job, for computed fixes.")
 @click.option("--gpu", help="GPU name for the memory model (H100, H200, A100-80, B200 ...).")
 @click.option("--gpu-memory", type=float, help="GPU memory in GB (1e9 bytes), instead of --gpu.")
-@click.option("--bridge-version", help="With --fix: Megatron-Bridge version of the job (fixes that depend on it, "
-              "e.g. optimizer offload on a fine-tune, are refused while it is unknown).")
+@click.option("--bridge-version", help="With --fix: Megatron-Bridge version of the job, where the log does not print "
+              "it (pip list); fixes that depend on it, e.g. optimizer offload on a fine-tune, are refused while it "
+              "is unknown.")
 @click.option(
     "--follow", is_flag=True, help="Follow LOG as it grows; diagnose lines as they arrive; stop at a fatal root cause."
 )

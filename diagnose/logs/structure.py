@@ -62,6 +62,9 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     # the planner must not change the layout under a checkpoint that cannot be resharded
     "@resume": ("successfully loaded checkpoint from", "will not load any checkpoints and will start from random",
                 "Starting training loop at iteration", "successfully saved checkpoint"),
+    # a package's version where the log prints one (pip list / freeze, an environment dump, a
+    # dist-info path): fixes that depend on the Megatron-Bridge version read it (remedy/resume.py)
+    "@versions": ("megatron-bridge", "megatron_bridge", "Megatron-Bridge"),
     # no parser: a line with one of these is never skipped by the sampling of dense lines (a NaN
     # or Inf field value as Megatron prints it, a non-zero NaN-iteration count, allocator retries)
     "@anomaly": tuple(f": {v} |" for v in ("nan", "NAN", "NaN", "-nan", "-NAN", "inf", "INF", "Inf",
@@ -824,6 +827,24 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         add_pace(s, text, file, line)
     elif key == "@grad_norm":
         add_grad_norm(s, text, file, line)
+    elif key == "@versions":
+        if _VERSION.search(text):
+            s.note("version:megatron-bridge", file, line, text[:300], replace=True)  # the latest printed
+
+
+# "megatron-bridge 0.5.0" (pip list), "megatron-bridge==0.6.0rc0", "megatron_bridge-0.5.0.dist-info",
+# "megatron-bridge: 0.6.0", "Megatron-Bridge version 0.5.1"
+_VERSION = re.compile(r"(?i)\bmegatron[-_]bridge(?:\s{0,40}(?:==|=|:|version:?)?\s{0,40}|-)v?"
+                      r"(\d{1,4}\.\d{1,4}(?:\.\d{1,4})?(?:(?:rc|a|b|\.dev|\.post)\d{1,6})?)\b")
+
+
+def version_of(structure, package: str = "megatron-bridge") -> tuple[str, str, int] | None:
+    """(version, file, line) of ``package`` where the log printed it, or None."""
+    ev = structure.evidence.get(f"version:{package}") if structure is not None else None
+    if not ev:
+        return None
+    m = _VERSION.search(ev[2])
+    return (m.group(1), ev[0], ev[1]) if m else None
 
 
 _GRAD_NORM = re.compile(r"grad_norm['\"]?\s{0,3}[:=]\s{0,3}['\"]?(?P<v>[-+]?(?:nan|inf)\b|[-+]?\d{1,30}(?:\.\d{0,30})?"

@@ -51,6 +51,7 @@ class Resume:
     bridge_version: tuple | None
     source: str  # where the checkpoint facts come from
     evidence: str = ""  # the log line that says whether a checkpoint was loaded
+    bridge_version_from: str = ""  # "--bridge-version", or the log line that printed it
 
     def describe(self) -> str:
         if self.loads is False:
@@ -136,6 +137,13 @@ def read(cfg: RunConfig, structure=None, bridge_version: str | None = None,
     if distopt is None:
         distopt = ckpt.get("ddp.use_distributed_optimizer")
     tp, pp = ckpt.get("model.tensor_model_parallel_size"), ckpt.get("model.pipeline_model_parallel_size")
+    version_from = "--bridge-version" if bridge_version else ""
+    if not bridge_version:  # the version the log printed (pip list, an environment dump)
+        from ..logs.structure import version_of
+
+        found = version_of(structure)
+        if found is not None:
+            bridge_version, version_from = found[0], f"{found[1]}:{found[2]}"
     return Resume(
         loads=loads,
         optimizer_state=bool(load) and load_optim and not finetune and saved_optim and loads is not False,
@@ -146,6 +154,7 @@ def read(cfg: RunConfig, structure=None, bridge_version: str | None = None,
         bridge_version=parse_version(bridge_version),
         source=source,
         evidence=evidence,
+        bridge_version_from=version_from if parse_version(bridge_version) else "",
     )
 
 
@@ -182,8 +191,8 @@ def blocks_offload(r: Resume, after: RunConfig) -> str | None:
         return None
     if r.bridge_version is not None and r.bridge_version >= HDO_SYNC_BRIDGE:
         return None
-    ver = (".".join(map(str, r.bridge_version)) if r.bridge_version else
-           "unknown (give --bridge-version)")
+    ver = (".".join(map(str, r.bridge_version)) + (f" (from {r.bridge_version_from})" if r.bridge_version_from else "")
+           if r.bridge_version else "unknown (give --bridge-version, or print `pip list` in the job's log)")
     return ("optimizer offload on a run that loads weights without their optimizer state (a fine-tune): before "
             f"Megatron-Bridge 0.6.0 the HybridDeviceOptimizer keeps its FP32 masters at their random init and the "
             f"first step reverts the loaded model (MB-OFF-039); Megatron-Bridge here: {ver}")
