@@ -173,6 +173,13 @@ def merge_structure(dst: S.Structure, src: S.Structure):
                 dst.decimation *= 2
         elif name == "decimation":
             continue
+        elif name == "last_loss":  # the later piece's first loss follows the earlier one's last
+            for file, (loss, line, text) in src.first_loss.items():
+                dst.loss_rise(a.get(file), loss, file, line, text)
+            a.update(b)
+        elif name == "first_loss":
+            for k, v in b.items():
+                a.setdefault(k, v)
         elif name == "torchrun":
             for c in b:
                 S.add_torchrun(dst, c)
@@ -245,7 +252,7 @@ def merge_structure(dst: S.Structure, src: S.Structure):
 
 def _merge_evidence(a: dict, b: dict):
     for k, v in b.items():
-        if k in ("_max_elapsed", "slowest_iteration"):
+        if k in ("_max_elapsed", "slowest_iteration", "_loss_jump", "loss_jump"):
             continue
         if k in _LATEST_EVIDENCE or k not in a:
             a[k] = v
@@ -256,6 +263,13 @@ def _merge_evidence(a: dict, b: dict):
             a["_max_elapsed"] = mb
             if "slowest_iteration" in b:
                 a["slowest_iteration"] = b["slowest_iteration"]
+
+
+    jb = b.get("_loss_jump")
+    if jb is not None and (a.get("_loss_jump") is None or jb[0] > a["_loss_jump"][0]):
+        a["_loss_jump"] = jb
+        if "loss_jump" in b:
+            a["loss_jump"] = b["loss_jump"]
 
 
 def merge(dst: ScanResult, src: ScanResult, sigs: dict):

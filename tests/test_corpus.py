@@ -81,7 +81,7 @@ def test_the_seen_list_names_test_part_logs_only():
 
 
 # measured (bench/README.md "Generalization"); the target is 0.90 on the test part
-FLOORS = {"dev": 0.72, "test": 0.59}
+FLOORS = {"dev": 0.73, "test": 0.60}
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])
@@ -128,6 +128,12 @@ LAYER_CASES = [
     ("r4-nvidia/014_apex-torch110-cu113-ninja-build.log", "import_error", "traceback"),
     # Ascend: HCCL's socket timeout, a consequence like NCCL's watchdog
     ("r4-rl/028_llamafactory-910b3-ppo-after-reward-model.log", "nccl_timeout", "cascade"),
+    # round 5 (dev part): HF Trainer's start banner with nothing after it; a traceback cut in
+    # DeepSpeed's engine set-up (the model put on the device); the loss jumping to random level
+    ("r5-general/013_hf-trainer-deepspeed-bittensor-dataset-hang.log", "hang", "symptom"),
+    ("r5-general/018_accelerate-deepspeed-multinode-oom-at-prepare-cut.log", "cuda_oom", "traceback"),
+    ("r5-general/019_gpt-neox-llama-bf16-loss-jumps-after-step1.log", "loss_nan", "symptom"),
+    ("memory/001_te-cudagraph-capture-oom-cut.log", "cuda_oom", "traceback"),
 ]
 
 

@@ -299,3 +299,34 @@ def test_loss_scale_runs_of_a_file_read_in_two_parts_merge_to_the_whole():
             whole = runs(seq)
             for cut in range(1, n):
                 assert S.merge_scale_runs(runs(seq[:cut]), runs(seq[cut:])) == whole, (seq, cut)
+
+
+def _neox_line(i: int, loss: float) -> str:
+    return (f" samples/sec: 2.721 | iteration {i:>8}/   55000 | elapsed time per iteration (ms): 11761.2 | "
+            f"learning rate: 2.424E-09 | approx flops per GPU: 9.1TFLOPS | lm_loss: {loss:.6E} | "
+            "number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def test_a_loss_jump_is_the_largest_rise_of_two_nats_or_more_and_its_line(tmp_path):
+    from diagnose.diagnosis import diagnose_paths
+
+    losses = [2.27, 2.25, 2.2, 6.9, 7.0, 2.1, 2.3, 11.05]  # 2.2 -> 6.9 (x3.1), 2.3 -> 11.05 (x4.8)
+    log = tmp_path / "run.log"
+    log.write_text("".join(_neox_line(i + 1, v) + "\n" for i, v in enumerate(losses)))
+    rep = diagnose_paths([str(log)], jobs=1)
+    assert abs(rep.structure.peaks["loss_jump"] - 11.05 / 2.3) < 1e-6
+    assert rep.structure.evidence["loss_jump"][1] == 8
+    assert rep.root_cause is not None and rep.root_cause.finding.signature.id == "MB-SYM-012"
+    # a rise under 2 nats is never a jump, however large the ratio (an RL loss near zero)
+    log.write_text("".join(_neox_line(i + 1, v) + "\n" for i, v in enumerate([0.01, 0.5, 1.9, 0.3])))
+    rep = diagnose_paths([str(log)], jobs=1)
+    assert "loss_jump" not in rep.structure.peaks and rep.root_cause is None
+
+
+def test_a_loss_jump_in_one_file_is_not_made_of_two_files(tmp_path):
+    from diagnose.diagnosis import diagnose_paths
+
+    (tmp_path / "a.log").write_text(_neox_line(1, 2.0) + "\n")
+    (tmp_path / "b.log").write_text(_neox_line(1, 10.5) + "\n")
+    rep = diagnose_paths([str(tmp_path)], jobs=1)
+    assert "loss_jump" not in rep.structure.peaks

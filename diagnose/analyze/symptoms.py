@@ -18,6 +18,8 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   loss_nan_iters         iteration lines whose loss is nan/inf
   grad_norm_nan_iters    iteration lines whose grad norm is nan/inf
   nan_iters_reported     the largest "number of nan iterations"
+  loss_jump              the largest rise of the loss between two iteration lines of one file, as
+                         a ratio (new / old), counted only where it rose by 2 nats or more
   grad_norm_nan_run      other frameworks' metrics lines (HF / ms-swift dicts, mmengine, verl): the
                          longest run of NaN / Inf grad norms in a row in one file;
                          grad_norm_nan_last: 1 where a file's last grad norm is NaN / Inf (no
@@ -99,6 +101,8 @@ def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -
         m["loss_nan_iters"] = t.get("loss_nan", 0)
         m["grad_norm_nan_iters"] = t.get("grad_norm_nan", 0)
         m["nan_iters_reported"] = peaks.get("nan_reported", 0)
+        if peaks.get("loss_jump") is not None:
+            m["loss_jump"] = peaks["loss_jump"]
     elif s.step_times:
         m["iter_ms_median"] = median(s.step_times)
         if baseline_ms:
@@ -306,4 +310,5 @@ EVIDENCE_FOR = {
     "ends_in_init": "ends_in_init",
     "grad_norm_nan_last": "grad_norm_nan_run",
     "grad_norm_nan_run": "grad_norm_nan_run",
+    "loss_jump": "loss_jump",
 }

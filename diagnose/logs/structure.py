@@ -9,6 +9,7 @@ YAML and its non-default summary). Everything kept is bounded in size.
 from __future__ import annotations
 
 import ast
+import math
 import re
 import sys
 import time
@@ -240,6 +241,10 @@ class Structure:
     # file -> [(line, text)]: the last few non-blank lines of each file read to its end, launcher
     # prefix split off (what the job was doing when its output stopped: symptoms.ends_in)
     tails: dict = field(default_factory=dict)
+    # file -> the loss of its last iteration line, and (loss, line, text) of its first: the loss
+    # jump (_loss_jump); a file read in pieces is joined at each piece's end (parallel.py)
+    last_loss: dict = field(default_factory=dict)
+    first_loss: dict = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1):
         self.tally[name] = self.tally.get(name, 0) + n
@@ -283,6 +288,10 @@ class Structure:
         elif any(_is_bad(v) for v in losses):
             self.count("loss_nan")
             self.note("loss_nan", p.file, p.line, text)
+        else:
+            main = next((v for k, v in f.items() if k.lower() in ("lm loss", "lm_loss", "loss")), None)
+            if main is not None:
+                self._loss_jump(p, _num(main), text)
         nan = f.get("number of nan iterations")
         if nan is not None:
             nan = nan.strip()
@@ -296,6 +305,32 @@ class Structure:
         self.note("last_iteration", p.file, p.line, text, replace=True)
 
 
+    def _loss_jump(self, p: IterationPoint, loss: float | None, text: str):
+        """The loss of one iteration line over the one before it in the same file, where it rose
+        by at least LOSS_JUMP_NATS: the largest such ratio is the peak "loss_jump" (its line the
+        evidence)."""
+        if loss is None or not math.isfinite(loss):
+            return
+        before = self.last_loss.get(p.file)
+        if before is None:
+            if len(self.last_loss) >= MAX_GRAD_NORM_FILES:
+                return
+            self.first_loss[p.file] = (loss, p.line, text[:2000])
+        self.last_loss[p.file] = loss
+        self.loss_rise(before, loss, p.file, p.line, text)
+
+    def loss_rise(self, before: float | None, loss: float, file: str, line: int, text: str):
+        """A loss ``before`` followed by ``loss`` (at ``file:line``): a jump where it rose enough."""
+        if before is not None and before > 0 and loss - before >= LOSS_JUMP_NATS:
+            ratio = loss / before
+            best = self.evidence.get("_loss_jump")
+            if best is None or ratio > best[0]:
+                self.evidence["_loss_jump"] = (ratio,)
+                self.peaks["loss_jump"] = ratio
+                self.note("loss_jump", file, line, text, replace=True)
+
+
+LOSS_JUMP_NATS = 2.0  # a rise smaller than this between two iteration lines is never a jump
 MAX_TAIL = 6  # lines of each file's end kept in Structure.tails
 
 
