@@ -134,6 +134,10 @@ LAYER_CASES = [
     ("r5-general/018_accelerate-deepspeed-multinode-oom-at-prepare-cut.log", "cuda_oom", "traceback"),
     ("r5-general/019_gpt-neox-llama-bf16-loss-jumps-after-step1.log", "loss_nan", "symptom"),
     ("memory/001_te-cudagraph-capture-oom-cut.log", "cuda_oom", "traceback"),
+    # cut in an apex module's __init__ (its CUDA extension); NCCL's optional net plugin not found
+    # is an INFO line, not a missing library: the output stops in NCCL set-up
+    ("r5-nvidia/007_apex-fused-layer-norm-cuda-missing-at-model-init.log", "import_error", "traceback"),
+    ("r5-nvidia/011_nccl-fsdp-example-hang-before-training-loop.log", "hang", "symptom"),
 ]
 
 
