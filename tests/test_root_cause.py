@@ -261,3 +261,14 @@ def test_a_refined_root_cause_keeps_the_evidence_line_of_what_it_refines():
     assert (first.sig_id, first.file, first.line, first.rank, first.text) == (
         "MB-OOM-010", "<text>", 2, 2, text.strip())
     assert first.captures == rc.refines.first.captures and first.order == rc.refines.first.order
+
+
+def test_a_weight_update_that_failed_for_an_out_of_memory_is_the_out_of_memory(db):
+    """SGLang's "Failed to update parameter online: <reason>" (MB-CKPT-018) embeds the error
+    that broke the update; an out-of-memory there is the root cause, a shape mismatch is not one."""
+    tail = ". The full weights of the ModelRunner are partially updated. Please discard the whole weights."
+    oom = ("Failed to update parameter online: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+           "capacity of 79.11 GiB of which 1.23 GiB is free." + tail)
+    assert diagnose_text(oom, db).root_cause.finding.signature.id == "MB-OOM-001"
+    shape = "Failed to update parameter online: start (256) + length (256) exceeds dimension size (256)." + tail
+    assert diagnose_text(shape, db).root_cause.finding.signature.id == "MB-CKPT-018"
