@@ -204,6 +204,21 @@ def test_the_innermost_explicit_rank_wins():
     assert split_prefix("2026-01-09 17:40:31.169213 master-0 >> [rank7]:   File \"a.py\"")[0] == 7
 
 
+def test_a_traceback_under_an_actor_repr_or_a_loggers_header_is_read():
+    """Ray names an actor by its repr ("(ActorWorker(actor_train-1) pid=...)"), and vLLM's
+    logger repeats "ERROR 04-07 00:57:46 ray_utils.py:45] " on every line of a logged traceback:
+    both are prefixes, and the traceback under them is one traceback (real dev-part logs)."""
+    from diagnose.logs.lines import prefix_key, split_prefix
+
+    line = '(RayWorkerVllm pid=7500) ERROR 04-07 00:57:46 ray_utils.py:45]   File "w.py", line 92, in init_device'
+    assert split_prefix(line)[1] == '  File "w.py", line 92, in init_device'
+    assert prefix_key(line) == "(RayWorkerVllm pid=7500)"
+    for rel, frames in (("r4-nvidia/016_nccl-vllm-ppc64le-init-allreduce.log", 4),
+                        ("runtime/007_roll-megatron-actor-train-nan-frames.log", 4)):
+        tbs = diagnose_paths([str(CORPUS / rel)], jobs=1).structure.tracebacks
+        assert len(tbs) == 1 and len(tbs[0].frames) >= frames, (rel, tbs)
+
+
 def _startup_lines() -> list:
     """Real start-up lines (dev part): Lightning's DDP set-up, with no step after them."""
     text = (CORPUS / "r3-general" / "024_lightning-ddp-stuck-after-all-processes-registered.log").read_text()

@@ -255,7 +255,9 @@ def _split_prefix_reference(line):
 PREFIX_PIECES = [" 2: ", "15: ", "  7:", "i.pretrain/0 ", "[default3]:", "[default3]: ", "[rank12]:", "[rank12]: ",
                  "(RayWorker pid=1234) ", "(pid=9, ip=10.0.0.1) ", "x", " ", "[Rank 4] ", "Rank 5: ", "rank=6 ",
                  "msg", ":", "[", "]", "1", "/", "2026-01-09 17:40:31.169 ", "2026-01-09 17:40:31.169 node-0 >> ",
-                 "21:39:56.349 ", "(worker1, rank=1, pid=42, ip=10.0.0.2) "]
+                 "21:39:56.349 ", "(worker1, rank=1, pid=42, ip=10.0.0.2) ",
+                 "(ActorWorker(actor_train-1) pid=18175, ip=33.199.184.82) ", "(DTensorPolicyWorker[rank=0] pid=7) ",
+                 "ERROR 04-07 00:57:46 ray_utils.py:45] ", "INFO 01-10 12:00:00 [engine.py:123] "]
 
 
 @settings(max_examples=500, deadline=None)

@@ -34,8 +34,14 @@ _PREFIXES = [
     (re.compile(r"^\[default(\d{1,9})\]: ?"), "local"),
     # torch >= 2.3 per-rank prefix:     "[rank3]:"
     (re.compile(r"^\[rank(\d{1,9})\]: ?"), "rank"),
-    # Ray workers:                      "(RayWorker pid=1234) "
-    (re.compile(r"^\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\)(?:\[0m)? "), None),
+    # Ray workers:                      "(RayWorker pid=1234) ", and actors named by their repr:
+    # "(ActorWorker(actor_train-1) pid=18175, ip=10.0.0.2) ", "(MegatronPolicyWorker[rank=0] pid=7) "
+    (re.compile(r"^\((?:[\w.\-]+(?:\([\w.\-=, ]{0,80}\)|\[[\w.\-=, ]{0,80}\])? )?pid=\d+(?:, ip=[\d.]+)?\)(?:\[0m)? "),
+     None),
+    # vLLM's logger, which repeats its header on every line of a message (a logged traceback):
+    # "ERROR 04-07 00:57:46 ray_utils.py:45] " / "INFO 01-10 12:00:00 [engine.py:123] "
+    (re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
+                r"(?:\[[\w.\-]+:\d+\]|[\w.\-]+:\d+\]) "), "time"),
     # a worker label that names the rank: "(worker1, rank=1, pid=4242, ip=10.0.0.2) "; a rank
     # prefix inside it ("[rank13]:") is read after it and wins (the innermost, explicit rank)
     (re.compile(r"^\([\w.\-]+, rank=(\d{1,9})(?:, [\w.\-]+=[\w.\-]+)*\) "), "rank"),
