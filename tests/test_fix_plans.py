@@ -100,10 +100,14 @@ CASES = [
     ("seed-resumed-finetune", seed(**RESUME, checkpoint__finetune=True), f"{RESUMED}\n{OOM}", 16, None, "plan"),
     ("seed-resumed-no-load-optim", seed(**{**RESUME, "checkpoint__load_optim": False}), f"{RESUMED}\n{OOM}", 16, None, "plan"),
     ("seed-load-dir-unknown", seed(**RESUME), OOM, 16, None, None),
+    # optimizer offload is refused on this fine-tune; full recompute (no offload) fits instead
     ("seed-finetune-8-bridge-unknown", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
-     None, "refused"),
+     None, "plan"),
     ("seed-finetune-8-bridge-0.5.1", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
-     "0.5.1", "refused"),
+     "0.5.1", "plan"),
+    ("seed-finetune-8-ep-a2a-overlap-no-recompute",
+     seed(checkpoint__pretrained_checkpoint="/hf/qwen3", model__overlap_moe_expert_parallel_comm=True,
+          model__moe_token_dispatcher_type="alltoall", model__bf16=True), f"{FRESH}\n{OOM}", 8, None, "refused"),
     ("seed-finetune-8-bridge-0.6.0", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
      "0.6.0", "plan"),
     ("seed-finetune-16-no-offload-needed", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 16,
@@ -238,9 +242,19 @@ def test_a_fresh_run_that_died_before_saving_takes_the_layout_change(db):
     assert ctx.resume.loads is False and _edits(p)["model.pipeline_model_parallel_size"] == 2
 
 
+def _offload_refused_recompute_planned(p) -> str:
+    """The plan turns no optimizer offload on, fits by full recompute instead, and says why
+    offload was refused; returns the search's account."""
+    e = _edits(p)
+    assert e.get("optimizer.optimizer_cpu_offload") is not True and e["model.recompute_granularity"] == "full"
+    text = " ".join(f.reason or "" for f in p.fixes) + " " + PL.describe(p)
+    assert "MB-OFF-039" in text and "without recompute" in text and "full recompute x1.33" in text
+    return text
+
+
 def test_finetune_on_old_bridge_refuses_optimizer_offload_with_the_reason(db):
     _, _ctx, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8, "0.5.1")
-    assert not p.edits and "MB-OFF-039" in reasons(p) and "0.6.0" in reasons(p)
+    assert "0.6.0" in _offload_refused_recompute_planned(p)
     _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8, "0.6.0")
     assert _edits(p)["optimizer.optimizer_cpu_offload"] is True
 
@@ -265,14 +279,23 @@ def test_a_bridge_version_printed_in_the_log_decides_offload_on_a_fine_tune(db):
     """No --bridge-version: the version pip printed in the job's log is used, and said."""
     _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"),
                         f"megatron-bridge                          0.5.1\n{FRESH}\n{OOM}", 8, None)
-    assert not p.edits and "MB-OFF-039" in reasons(p) and "0.5.1 (from " in reasons(p)
+    assert "0.5.1 (from <text>:1)" in _offload_refused_recompute_planned(p)  # the log line that printed it
     _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"),
                         f"megatron-bridge                          0.6.0\n{FRESH}\n{OOM}", 8, None)
     assert _edits(p)["optimizer.optimizer_cpu_offload"] is True
     # the flag wins over the log
     _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3"),
                         f"megatron-bridge                          0.6.0\n{FRESH}\n{OOM}", 8, "0.5.1")
-    assert not p.edits and "--bridge-version" in reasons(p)
+    assert "0.5.1 (from --bridge-version)" in _offload_refused_recompute_planned(p)
+
+
+def test_full_recompute_under_ep_a2a_overlap_is_refused_by_megatron_core(db):
+    """Where nothing fits but full recompute, and the run overlaps the MoE all-to-all (MCore
+    refuses full recompute with it): no plan, and both searches say why."""
+    _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3", model__overlap_moe_expert_parallel_comm=True,
+                                 model__moe_token_dispatcher_type="alltoall", model__bf16=True), f"{FRESH}\n{OOM}", 8, None)
+    assert not p.edits and "with full recompute, no layout or offload setting passes" in reasons(p)
+    assert "megatron-core refuses it" in reasons(p).split("with full recompute")[1]
 
 
 def test_ep_a2a_overlap_never_gets_pp_without_vpp(db):

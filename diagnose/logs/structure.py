@@ -875,7 +875,7 @@ _VERSION = re.compile(r"(?i)\bmegatron[-_]bridge(?:\s{0,40}(?:==|=|:|version:?)?
 
 def version_of(structure, package: str = "megatron-bridge") -> tuple[str, str, int] | None:
     """(version, file, line) of ``package`` where the log printed it, or None."""
-    ev = structure.evidence.get(f"version:{package}") if structure is not None else None
+    ev = getattr(structure, "evidence", {}).get(f"version:{package}")
     if not ev:
         return None
     m = _VERSION.search(ev[2])

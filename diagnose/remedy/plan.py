@@ -30,6 +30,11 @@ from . import offload_curve
 from . import resume as RS
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer-offload fractions tried, lowest first
+# full activation recompute, tried only where no layout or offload setting fits: each layer's
+# forward runs twice, about one more forward pass per step (forward ~ 1/3 of forward + backward)
+FULL_RECOMPUTE = (("model.recompute_granularity", "full"), ("model.recompute_method", "uniform"),
+                  ("model.recompute_num_layers", 1))
+RECOMPUTE_FACTOR = 4 / 3
 
 
 
@@ -455,10 +460,11 @@ class Candidate:
     estimate: Estimate
     time: float  # predicted iteration time, as a factor of the failed run's
     why_time: str
+    recompute: bool = False  # full activation recompute turned on
 
     def label(self) -> str:
         off = "no optimizer offload" if self.fraction is None else f"{int(self.fraction * 100)}% optimizer offload"
-        return f"PP{self.pp} + {off}"
+        return f"PP{self.pp} + {off}" + (" + full recompute" if self.recompute else "")
 
 
 def pipeline_bubble(cfg: RunConfig, world: int) -> float | None:
@@ -483,15 +489,20 @@ def predicted_time(before: RunConfig, after: RunConfig, world: int) -> tuple[flo
             return 1.0
         return slowdown(float(_get(c, "optimizer.optimizer_offload_fraction", 0.0)),
                         bool(c.get("optimizer.overlap_cpu_optimizer_d2h_h2d")))
+    def rec(c):
+        return RECOMPUTE_FACTOR if c.get("model.recompute_granularity") == "full" else 1.0
     b0, b1 = pipeline_bubble(before, world), pipeline_bubble(after, world)
     bubble = (b1 / b0) if (b0 and b1) else 1.0
     o0, o1 = off(before), off(after)
+    r0, r1 = rec(before), rec(after)
     parts = []
     if b0 and b1 and abs(bubble - 1) > 1e-3:
         parts.append(f"pipeline bubble x{bubble:.2f}")
     if o1 != o0:
         parts.append(f"optimizer offload x{o1 / o0:.2f} ({offload_curve.SCOPE})")
-    return bubble * o1 / o0, ", ".join(parts) or "same schedule"
+    if r1 != r0:
+        parts.append(f"full recompute x{r1 / r0:.2f} (one more forward pass per step; a rule of thumb, not measured)")
+    return bubble * o1 / o0 * r1 / r0, ", ".join(parts) or "same schedule"
 
 
 def _pp_changes(cfg: RunConfig, pp: int) -> list:
@@ -526,10 +537,33 @@ def prove(cfg: RunConfig, after: RunConfig, ctx: Context, world: int | None, mco
     return None
 
 
+def _recompute_possible(cfg: RunConfig, base: list) -> bool:
+    """Full recompute may be tried: the run does not recompute fully already, and activation
+    offload is off after ``base`` (MCore refuses recompute together with it)."""
+    after = dict(base)
+    offload = after.get("model.cpu_offloading", cfg.get("model.cpu_offloading"))
+    return cfg.get("model.recompute_granularity") != "full" and offload is not True
+
+
 def search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list) -> tuple[Candidate, str]:
     """Every (PP, optimizer-offload fraction) of ``pps`` x ``fractions`` (None: no offload) on
     top of ``base``: keep those that pass ``prove`` and fit by the memory model, return the one
-    with the lowest predicted iteration time (then the smallest PP), and the search's account."""
+    with the lowest predicted iteration time (then the smallest PP), and the search's account.
+    Where none fits, the same search with full activation recompute on (FULL_RECOMPUTE)."""
+    try:
+        return _search(cfg, ctx, base, pps, fractions)
+    except NoFix as first:
+        if not _recompute_possible(cfg, base):
+            raise
+        try:
+            best, text = _search(cfg, ctx, list(base) + list(FULL_RECOMPUTE), pps, fractions, recompute=True)
+        except NoFix as second:
+            raise NoFix(f"{first}; with full recompute, {second}") from None
+        return best, f"{text}; without recompute: {first}"
+
+
+def _search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list,
+            recompute: bool = False) -> tuple[Candidate, str]:
     world = _world(ctx)
     found, rejected = [], []
     # the failed run died of an OOM that the (uncalibrated) memory model says fits: then only a
@@ -568,7 +602,7 @@ def search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list)
                 rejected.append(f"{name}: {why}")
                 continue
             t, why_t = predicted_time(cfg, after, world)
-            found.append(Candidate(ch, pp, f, e, t, why_t))
+            found.append(Candidate(ch, pp, f, e, t, why_t, recompute))
             break  # a higher fraction at this PP is only slower
     if not found:
         raise NoFix("no layout or offload setting passes: " + "; ".join(_uniq(rejected)[:6]))
