@@ -80,9 +80,33 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
                             f"{len(differ)} key(s){other}: {shown}{more}; the run's values are used")
     if root is not None and cfg is not None:
         _computed_overrides(report, root)
+    if root is not None:
+        note = slow_part_note(root, res.structure)
+        if note:
+            report.notes.append(note)
     report.metrics = metrics  # type: ignore[attr-defined]
     report.engine = res.engine  # type: ignore[attr-defined]
     return report
+
+
+SLOW = ("slow_iteration", "slow_optimizer_offload")
+
+
+def slow_part_note(root, structure) -> str | None:
+    """For a slowdown: which part of the step the timers say takes the time, or that the log
+    cannot say (no timer breakdown): the signature's causes are then the usual ones, not this
+    run's."""
+    if root.finding.signature.category not in SLOW:
+        return None
+    got = structure.evidence.get("timer_attribution")
+    if got:
+        return f"where the time goes (timers, {got[0].rsplit('/', 1)[-1]}:{got[1]}): {got[2]}"
+    if root.finding.signature.category == "slow_optimizer_offload":
+        return None  # the config says why (the offload fraction): the cause is named
+    return ("slow, cause not in the log: it has no timer breakdown (forward-backward, optimizer step, data, "
+            "communication), so which part grew cannot be read from it; log the timers (Megatron "
+            "--timing-log-level 2 --timing-log-option minmax, DeepSpeed wall_clock_breakdown, a profiler) and "
+            "diagnose again")
 
 
 # keys that name the model: a file and a log that differ in these are two different jobs

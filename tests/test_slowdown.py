@@ -205,6 +205,23 @@ def test_a_run_slowing_down_in_another_framework_s_format_is_a_slowdown():
     assert rep.metrics["iter_time_growth"] > 4 and rep.metrics["iter_time_trend"] == 1
 
 
+def test_a_slowdown_says_where_the_time_goes_or_that_the_log_cannot_say(run_cli):
+    """With timers, the note names the component and its share; without them, "slow, cause not in
+    the log" (the signature's causes are the usual ones, not this run's); a slowdown the config
+    explains (optimizer offload) needs no such note."""
+    swift = CORPUS / "cn-stack" / "016_swift-qwen-moe-slow-after-resume.log"
+    rep = diagnose_paths([str(swift)], jobs=1)
+    assert rep.root_cause.finding.signature.category == "slow_iteration"
+    assert any(n.startswith("slow, cause not in the log") for n in rep.notes)
+    rep = diagnose_paths([str(LOGS / "mlm_optimizer_offload_1.0_slow.log")], jobs=1)
+    assert any(n.startswith("where the time goes") and "optimizer step" in n and "77%" in n for n in rep.notes)
+    _code, out, _err = run_cli(str(swift))
+    assert "slow, cause not in the log" in " ".join(out.split())
+    rep = diagnose_paths([str(RUN)], jobs=1, config=_config(1.0, False))
+    assert rep.root_cause.finding.signature.category == "slow_optimizer_offload"
+    assert not any("cause not in the log" in n for n in rep.notes)
+
+
 def test_megatron_iteration_lines_win_over_progress_bars():
     text = "\n".join([f" iteration {i:8d}/     100 | elapsed time per iteration (ms): 1000.0 | lm loss: 9.1 |"
                       for i in range(1, 8)] + [f"  {i}/100 [00:{i:02d}<01:00, {1 + i}.00s/it]" for i in range(1, 8)]) + "\n"
