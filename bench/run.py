@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     folder = a.log.is_dir()
-    from diagnose.match.engine import available_engines
+    from diagnose.match.engines import available_engines
     from diagnose.parallel import SPLIT_MIN as split_min  # one file this large is scanned in pieces
 
     have = available_engines()

@@ -1,7 +1,7 @@
 """Baselines of accepted findings, and the CI gate that uses them.
 
 ``diagnose LOG --write-baseline FILE`` records the current findings' fingerprints
-(diagnose/report/fingerprint.py); ``diagnose LOG --baseline FILE`` then fails only on findings whose
+(diagnose/fingerprint.py); ``diagnose LOG --baseline FILE`` then fails only on findings whose
 fingerprint is not in FILE, so a nightly job goes red on new failures, not on known ones.
 
 The file is JSON, sorted and stable (it is meant to be committed and reviewed)::
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import atomic
+from .fingerprint import FINGERPRINT_VERSION, fingerprint, normalize_file, normalize_text
 from .model import Finding, fails_gate
-from .report.fingerprint import FINGERPRINT_VERSION, fingerprint, normalize_file, normalize_text
 
 BASELINE_VERSION = 1
 MAX_BASELINE_BYTES = 16 << 20

@@ -1,6 +1,6 @@
 """Run vs baseline: the design documents' success criteria for an offloaded run.
 
-``compare(baseline_log, run_log)`` scans both logs with the normal pipeline (diagnosis.py: the
+``compare_logs.compare(baseline_log, run_log)`` scans both logs with the normal pipeline (diagnosis.py: the
 iteration series, memory reports, findings and the config the job printed all come from the
 scanner; nothing here parses a log line) and checks, for the offloaded run against its
 non-offloaded baseline:
@@ -33,7 +33,7 @@ from .model import Report
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
 
-# The measured penalty curve: remedy/offload_curve.py (one source for the planner and here).
+# The measured penalty curve: config/offload_curve.py (one source for the planner and here).
 # The measured memory rule, valid only for the reference job.
 GB_PER_QUARTER = 3.8
 REFERENCE = {  # Bridge path -> value of the measured reference job
@@ -226,7 +226,7 @@ def offload_of(cfg: RunConfig | None) -> Offload:
 
 def expected_penalty(fraction: float, overlap: bool = False) -> float:
     """The expected iteration-time factor of an optimizer-offload fraction (interpolated)."""
-    from .remedy.offload_curve import factor
+    from .config.offload_curve import factor
 
     return factor(fraction, overlap)
 
@@ -489,45 +489,3 @@ def slowdown_against(base: Side, run: Side, base_label: str) -> dict | None:
     if since is not None:
         out["slowdown_since"] = since
     return {"metrics": out, "evidence": (at.file if at else "", at.line if at else 0, text)}
-
-
-# --------------------------------------------------------------------------- entry point
-
-def compare(baseline_path: str, run_path: str, db=None, config: RunConfig | None = None,
-            max_loss_delta: float = 0.001, time_tolerance: float = 0.25, memory_tolerance: float = 0.25,
-            versions: dict | None = None, world_size: int | None = None) -> Comparison:
-    from .db import load
-    from .diagnosis import diagnose_paths
-
-    db = db or load()
-    base_rep = diagnose_paths([baseline_path], db, None, None, versions, sample=False)
-    if not base_rep.inputs:
-        raise CompareError(f"{baseline_path}: cannot be read" + (f" ({base_rep.notes[0]})" if base_rep.notes else ""))
-    run_rep = diagnose_paths([run_path], db, config, None, versions, sample=False)
-    if not run_rep.inputs:
-        raise CompareError(f"{run_path}: cannot be read" + (f" ({run_rep.notes[0]})" if run_rep.notes else ""))
-    base = side_from_report("baseline", [baseline_path], base_rep)
-    run = side_from_report("run", [run_path], run_rep)
-    if not base.points:
-        raise CompareError(f"{baseline_path}: no iteration line (MLM/Bridge 'iteration N/M | ...'): "
-                           "not a training log to compare against")
-    notes = []
-    if base_rep.root_cause is not None:
-        rc = base_rep.root_cause
-        notes.append(f"the baseline itself reports {rc.finding.signature.id} {rc.finding.signature.title} "
-                     f"at {rc.hit.file}:{rc.hit.line}")
-    if base.train_iters and base.last_iteration is not None and base.last_iteration < base.train_iters:
-        notes.append(f"the baseline stopped at iteration {base.last_iteration} of {base.train_iters}")
-    run_cfg = run_rep.config
-    off = offload_of(run_cfg)
-    base_off = offload_of(base_rep.config)
-    if base_off.optimizer or base_off.activation:
-        notes.append("the baseline log's config has offloading on: it is not a non-offloaded baseline")
-    criteria = [
-        check_config(run),
-        check_completed(run),
-        check_loss(base, run, max_loss_delta),
-        check_memory(base, run, off, run_cfg, base_rep.config, memory_tolerance, world_size),
-        check_speed(base, run, off, time_tolerance),
-    ]
-    return Comparison(base, run, off, criteria, max_loss_delta, notes)

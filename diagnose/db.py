@@ -43,7 +43,7 @@ class Database:
     signatures: list[Signature]
     by_id: dict[str, Signature] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
-    root: str = ""  # the folder it was loaded from (its layers/ tables: analyze/layers.py)
+    root: str = ""  # the folder it was loaded from (its layers/ tables: layer_tables.py)
 
     def __post_init__(self):
         self.by_id = {s.id: s for s in self.signatures}
@@ -110,7 +110,7 @@ def _load(path: str) -> Database:
         for ref in (*s.supersedes, *s.demoted_by, *[r for r in s.refines if not r.startswith("category:")]):
             if ref not in db.by_id:
                 raise DatabaseError(f"{s.file}: {s.id}: refers to unknown signature {ref!r}")
-    from .analyze import layers
+    from . import layer_tables as layers
 
     try:
         layers.check_against(layers.load_tables(str(root)), db)

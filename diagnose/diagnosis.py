@@ -78,8 +78,6 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
         given = (config.source if config is not None else "") or "the config given"
         report.notes.append(f"{given} differs from the config the run printed in "
                             f"{len(differ)} key(s){other}: {shown}{more}; the run's values are used")
-    if root is not None and cfg is not None:
-        _computed_overrides(report, root)
     if root is not None:
         note = slow_part_note(root, res.structure)
         if note:
@@ -202,24 +200,3 @@ def diagnose_text(text: str, db: Database | None = None, config: RunConfig | Non
     """Diagnose a log held in memory (signature tests, follow mode)."""
     db = db or load()
     return analyze(db, scan_text(text, db, name, versions), config, baseline_ms)
-
-
-def _computed_overrides(report: Report, root) -> None:
-    """Where the root cause's fix is computed (PP, offload fraction ...), show the planner's answer.
-
-    The plan is what ``--fix`` would write (unsafe fixes included, labelled as such in the fixes
-    list); the report only shows it. A planner that finds nothing leaves the static overrides.
-    """
-    sig = root.finding.signature
-    if not any(fx.compute for fx in sig.fixes):
-        return
-    from .remedy import causes
-    from .remedy import plan as PL
-
-    try:
-        ctx = causes.context_from_report(report)
-        p = PL.plan([sig], report.config, ctx, allow_unsafe=True)
-    except Exception:  # noqa: BLE001 - the report must not fail because a plan could not be made
-        return
-    if p.overrides:
-        root.overrides = p.overrides

@@ -26,12 +26,14 @@ def render(width: int) -> tuple[str, str]:
 
     sys.path.insert(0, str(REPO))
     from diagnose.diagnosis import diagnose_paths
+    from diagnose.remedy.causes import show_computed_overrides
     from diagnose.report import get_formatter
 
     cwd = os.getcwd()
     os.chdir(REPO)  # the path as a user in the clone types it
     try:
         report = diagnose_paths([LOG], jobs=1)
+        show_computed_overrides(report)  # as the CLI shows them
     finally:
         os.chdir(cwd)
     # the same colours on every machine: an xterm, no NO_COLOR / FORCE_COLOR / COLORTERM of the caller's

@@ -5,7 +5,7 @@ import pytest
 from ci_samples import healthy_lines, nccl_error_lines, oom_lines, write
 
 from diagnose import baseline as BL
-from diagnose.report.fingerprint import normalize_file, normalize_text
+from diagnose.fingerprint import normalize_file, normalize_text
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_baseline_file_is_stable_and_sorted(tmp_path, db):
 
 
 def test_fingerprint_depends_on_the_evidence_and_the_log_name_not_on_numbers():
-    from diagnose.report.fingerprint import fingerprint_of
+    from diagnose.fingerprint import fingerprint_of
 
     oom = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     same = "[rank5]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB"
@@ -129,8 +129,8 @@ def test_normalisation_of_empty_multiline_and_windows_paths():
 
 def test_colliding_fingerprints_are_made_unique_and_stable():
     from diagnose.db import load
+    from diagnose.fingerprint import fingerprint, unique_fingerprints
     from diagnose.model import Finding, Hit
-    from diagnose.report.fingerprint import fingerprint, unique_fingerprints
 
     sig = load().get("MB-OOM-001")
     text = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -142,7 +142,7 @@ def test_colliding_fingerprints_are_made_unique_and_stable():
     twins = [Finding(sig, Hit(sig.id, "run.log", 10, text)) for _ in range(3)]
     got = unique_fingerprints(twins)
     assert len(set(got)) == 3 and all(isinstance(x, str) and len(x) == 32 and int(x, 16) >= 0 for x in got)
-    from diagnose.report.fingerprint import fingerprint_of
+    from diagnose.fingerprint import fingerprint_of
 
     assert fingerprint(fs[0]) == fingerprint_of("MB-OOM-001", text, "run.log")  # the first hit's text and file
 

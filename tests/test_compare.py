@@ -5,6 +5,7 @@ import pytest
 from ci_samples import COMPARE
 
 from diagnose import compare as C
+from diagnose.compare_logs import compare as compare_logs
 
 BASE = str(COMPARE / "bridge_baseline.log")
 MLM_BASE = str(COMPARE / "mlm_baseline.log")
@@ -101,19 +102,19 @@ def test_measured_rule_only_for_the_reference_job(monkeypatch, db):
         raise C.mm.MemoryModelError("the config leaves out the model's shape")
 
     monkeypatch.setattr(C.mm, "estimate", cannot_size)  # as if the memory model could not size it
-    cmp = C.compare(BASE, str(COMPARE / "bridge_offload50_pass.log"), db, world_size=16)
+    cmp = compare_logs(BASE, str(COMPARE / "bridge_offload50_pass.log"), db, world_size=16)
     mem = cmp.criterion("memory")
     assert mem.status == "pass" and mem.expected == pytest.approx(7.6) and "3.8 GB per 25 %" in mem.detail
-    cmp = C.compare(BASE, str(COMPARE / "bridge_offload50_memory_fail.log"), db, world_size=16)
+    cmp = compare_logs(BASE, str(COMPARE / "bridge_offload50_memory_fail.log"), db, world_size=16)
     assert cmp.criterion("memory").status == "fail"
     # another world size: not the reference job, so the rule does not apply
-    cmp = C.compare(BASE, str(COMPARE / "bridge_offload50_pass.log"), db, world_size=32)
+    cmp = compare_logs(BASE, str(COMPARE / "bridge_offload50_pass.log"), db, world_size=32)
     assert cmp.criterion("memory").status == "not checked"
     assert "holds only for Qwen3-30B-A3B" in cmp.criterion("memory").detail
 
 
 def test_memory_model_is_used_when_present(db):
-    cmp = C.compare(BASE, str(COMPARE / "bridge_offload50_pass.log"), db, world_size=16)
+    cmp = compare_logs(BASE, str(COMPARE / "bridge_offload50_pass.log"), db, world_size=16)
     mem = cmp.criterion("memory")
     assert "memory model" in mem.detail and mem.status == "pass"
     assert 6.0 < mem.expected < 9.0  # HDO moves Adam m+v of half the sharded states: ~7.6 GB here
@@ -147,7 +148,7 @@ def test_text_table_and_terminal_chart(run_cli):
 def test_ascii_chart_and_loss_delta_row():
     from diagnose.commands.compare import render_chart
 
-    cmp = C.compare(BASE, str(COMPARE / "bridge_offload50_loss_fail.log"))
+    cmp = compare_logs(BASE, str(COMPARE / "bridge_offload50_loss_fail.log"))
     text = render_chart(cmp, ascii_only=True)
     assert text.isascii() and "baseline" in text
     assert "over the limit at 13 iteration(s) from 8" in text
@@ -178,6 +179,6 @@ def test_different_log_intervals_are_not_compared_for_loss(tmp_path, db):
     keep = [ln for ln in lines if " iteration " not in ln or any(f"iteration {i:8d}/" in ln for i in (2, 4, 6, 8))]
     sparse = tmp_path / "every2.log"
     sparse.write_text("\n".join(keep) + "\n", encoding="utf-8")
-    cmp = C.compare(BASE, str(sparse), db, world_size=16)
+    cmp = compare_logs(BASE, str(sparse), db, world_size=16)
     loss = cmp.criterion("loss")
     assert loss.status == "not checked" and "log_interval" in loss.detail

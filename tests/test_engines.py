@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from diagnose.diagnosis import analyze
 from diagnose.logs import structure as S
-from diagnose.match.engine import RegexEngine, available_engines, make_engine
+from diagnose.match.engine import RegexEngine
+from diagnose.match.engines import available_engines, make_engine
 from diagnose.scan import Scanner
 
 REPO = Path(__file__).resolve().parent.parent

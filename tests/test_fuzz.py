@@ -140,7 +140,7 @@ def _scanner(engine=None):
 
 
 def _engines():
-    from diagnose.match.engine import available_engines
+    from diagnose.match.engines import available_engines
 
     return sorted(available_engines())
 

@@ -3,8 +3,8 @@ import json
 
 from ci_samples import healthy_lines, oom_lines, write
 
+from diagnose.fingerprint import fingerprint, unique_fingerprints
 from diagnose.model import Finding, Hit
-from diagnose.report.fingerprint import fingerprint, unique_fingerprints
 
 REQUIRED = ("description", "check_name", "fingerprint", "severity", "location")
 SEVERITIES = {"info", "minor", "major", "critical", "blocker"}

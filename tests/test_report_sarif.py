@@ -4,7 +4,7 @@ import json
 import pytest
 from ci_samples import SCHEMA, healthy_lines, oom_lines, write
 
-from diagnose.report.fingerprint import SARIF_KEY
+from diagnose.fingerprint import SARIF_KEY
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import pytest
 
 from diagnose.db import load
 from diagnose.diagnosis import diagnose_paths
+from diagnose.remedy.causes import show_computed_overrides
 from diagnose.report import get_formatter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,7 +19,10 @@ REAL = sorted((REPO / "fixtures" / "corpus" / "r3-nvidia").glob("*.log"))[:10]
 @pytest.fixture(scope="module")
 def reports():
     db = load()
-    return {p: diagnose_paths([str(p)], db) for p in LOGS + REAL}
+    reps = {p: diagnose_paths([str(p)], db) for p in LOGS + REAL}
+    for r in reps.values():
+        show_computed_overrides(r)  # as the CLI shows them
+    return reps
 
 
 @pytest.mark.parametrize("width", [80, 100, 160])
@@ -61,6 +65,7 @@ def test_a_deep_path_still_leaves_the_overrides_on_the_first_screen(tmp_path, de
     log = deep / "bridge_qwen3_30b_a3b_activation_offload_pp1_oom.log"
     log.write_bytes((REPO / "fixtures" / "logs" / log.name).read_bytes())
     report = diagnose_paths([str(log)], load())
+    show_computed_overrides(report)
     assert len(report.root_cause.overrides) >= 5 and len(str(log)) > 150
     _check_first_screen(log, report, 80, details)
 

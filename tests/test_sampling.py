@@ -9,7 +9,8 @@ import pytest
 
 from diagnose.analyze import symptoms
 from diagnose.logs import structure as S
-from diagnose.match.engine import Engine, RegexEngine, available_engines, make_engine
+from diagnose.match.engine import Engine, RegexEngine
+from diagnose.match.engines import available_engines, make_engine
 from diagnose.scan import Scanner
 
 ANCHORS = {"@iteration": ("elapsed time per iteration (ms):",), "@memory": (" memory (MB) | ", " memory (GB) | "),

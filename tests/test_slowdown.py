@@ -6,6 +6,7 @@ import pytest
 
 from diagnose.config.load import load_config
 from diagnose.diagnosis import diagnose_paths, diagnose_text
+from diagnose.remedy.causes import show_computed_overrides
 
 # the seed's measured factors (Qwen3-30B-A3B TP2 PP2 EP4, 16 x H100; card.yaml), and 100 % with the
 # D2H/H2D overlap at 3.9: the overlap was measured at 100 % only, so only that point moves
@@ -35,6 +36,7 @@ def test_offload_above_the_lowest_fitting_fraction_is_a_slowdown_with_its_saving
     """The seed's measured table: 25 % already fits this run on H100s, so every higher fraction
     costs iteration time for nothing; 25 % itself is no finding."""
     rep = diagnose_paths([str(RUN)], config=_config(fraction, overlap), jobs=1)
+    show_computed_overrides(rep)  # the planner's overrides, as the CLI shows them
     m = rep.metrics
     if fraction == 0.25:
         assert rep.root_cause is None and "offload_fraction" not in m

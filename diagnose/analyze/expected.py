@@ -1,7 +1,7 @@
 """Expected vs observed cost: what the run's config says it should cost, against the log.
 
 Optimizer CPU offload trades GPU memory for iteration time, and the trade is measured: the
-measured curve (remedy/offload_curve.py; Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100) gives the
+measured curve (config/offload_curve.py; Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100) gives the
 iteration-time factor at each offloaded fraction. A run that offloads more than it needs to fit
 pays for nothing: the memory model finds the lowest fraction that fits, and the difference of
 the two factors is the saving. The factors are the measured model's; another model's CPU Adam
@@ -9,15 +9,14 @@ costs scale with its parameters per GPU, so the saving is stated as a share of t
 """
 from __future__ import annotations
 
-SCOPE = "offload factors measured on Qwen3-30B-A3B, TP2 PP2 EP4, 16 x H100"
-
 
 def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -> dict | None:
     """``metrics`` entries (offload_fraction, offload_fraction_fits, offload_factor,
     offload_factor_fits, offload_saving) and the evidence text, or None where the run offloads
     no more than it needs (or the memory model cannot size the config). ``timers``: what the
     log's timers say of the iteration (symptoms.timer_shares), added to the evidence."""
-    from ..remedy import plan as PL
+    from ..config import fit as PL
+    from ..config.offload_curve import SCOPE, factor
 
     if cfg is None or cfg.get("optimizer.optimizer_cpu_offload") is not True:
         return None
@@ -26,12 +25,12 @@ def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -
         return None
     overlap = bool(cfg.get("optimizer.overlap_cpu_optimizer_d2h_h2d"))
     try:
-        best, est = PL.lowest_fitting_fraction(cfg, PL.Context(world_size=world_size))
+        best, est = PL.lowest_fitting_fraction(cfg, PL.Sizing(world_size=world_size))
     except PL.NoFix:
         return None
     if best >= f - 1e-9:
         return None
-    cur, fit = PL.slowdown(f, overlap), PL.slowdown(best, overlap)
+    cur, fit = factor(f, overlap), factor(best, overlap)
     saving = 1 - fit / cur
     text = (f"optimizer_offload_fraction {float(f):.2f} where {best:.2f} fits ({PL.gb(est.peak_gb)} of "
             f"{PL.gb(est.capacity_gb)} per GPU): iteration time x{cur:.1f} -> x{fit:.1f} of the run without "
@@ -39,12 +38,12 @@ def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -
     observed = metrics.get("iter_ms_median")
     if observed:
         text += f": about {observed * saving / 1000:.1f} s of every {observed / 1000:.1f} s iteration"
-    text += f" ({SCOPE})"
+    text += f" (offload factors {SCOPE})"
     if timers:
         text += f"; the timers: {timers}"
     try:  # said, not proposed: turning offload off changes how the optimizer state is kept
         off = PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_cpu_offload", False)]),
-                          PL.Context(world_size=world_size))
+                          PL.Sizing(world_size=world_size))
         if off.fits_with_margin:
             text += f"; it would also fit with optimizer offload off ({PL.gb(off.peak_gb)})"
     except PL.NoFix:

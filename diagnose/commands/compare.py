@@ -18,7 +18,7 @@ from rich.table import Table
 
 from .. import exitcodes
 from ..compare import FAIL, NOT_CHECKED, PASS, CompareError, Comparison
-from ..compare import compare as run_compare
+from ..compare_logs import compare as run_compare
 from .common import load_cfg, load_db, versions_option
 
 BLOCKS = "▁▂▃▄▅▆▇█"

@@ -263,6 +263,7 @@ def run_follow(path: str, db, cfg, formatter, fail_on, exit_code, quiet, poll_s:
     except KeyboardInterrupt:
         _err("diagnose: stopped following (Ctrl-C)", quiet)
     report = fol.report()
+    C.show_computed_overrides(report)  # where the root cause's fix is computed, the planner's answer
     emit_report(formatter.render(report), output)
     if output:
         _err(f"diagnose: report written to {output}", quiet)

@@ -137,7 +137,7 @@ def scan(
     cfg = load_cfg(config_path)
     baseline = _load_baseline(baseline_path)
     if engine not in ("auto", None):
-        from ..match.engine import available_engines
+        from ..match.engines import available_engines
 
         if engine not in available_engines():
             raise click.UsageError(f"--engine {engine}: not installed here (pip install 'diagnose[fast]')")
@@ -165,6 +165,9 @@ def _load_baseline(path):
 
 def finish(report, db, fmt, output, fail_on, baseline, write_baseline, details, color, quiet) -> int:
     """Report a diagnosis (scan, merge): write the baseline if asked, render, summarise, exit code."""
+    from ..remedy.causes import show_computed_overrides
+
+    show_computed_overrides(report)  # where the root cause's fix is computed, the planner's answer
     if not report.inputs:
         for n in report.notes:
             click.echo(f"diagnose: {n}", err=True)

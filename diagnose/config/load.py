@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from ..yamlsafe import YamlBomb, check_expansion
 from .runconfig import RunConfig, from_log_blocks, normalize, strip_targets
 
 
@@ -37,37 +38,13 @@ def _construct_mapping(loader, node, deep=False):
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 MAX_CONFIG_BYTES = 32 << 20
-MAX_VALUES = 1_000_000  # values in the document once aliases are expanded (a real config has ~1,000)
 
 
 def _check_expansion(doc, path: str) -> None:
-    """Refuse alias bombs ("billion laughs") and self-referencing aliases before anything walks
-    the document: each distinct node is sized once, so this is linear in the YAML text."""
-    memo: dict = {}
-    active: set = set()
-
-    def size(o) -> int:
-        if not isinstance(o, (dict, list)):
-            return 1
-        k = id(o)
-        if k in memo:
-            return memo[k]
-        if k in active:
-            raise ConfigError(f"{path}: a YAML alias refers to itself (a recursive structure)")
-        active.add(k)
-        total = 1
-        for v in (o.values() if isinstance(o, dict) else o):
-            total += size(v)
-            if total > MAX_VALUES:
-                raise ConfigError(f"{path}: YAML aliases expand to more than {MAX_VALUES:,} values (an alias bomb?)")
-        active.discard(k)
-        memo[k] = total
-        return total
-
     try:
-        size(doc)
-    except RecursionError:
-        raise ConfigError(f"{path}: YAML nested too deeply") from None
+        check_expansion(doc, path)
+    except YamlBomb as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: str, strict: bool = False) -> RunConfig:
@@ -127,9 +104,9 @@ def check_keys(data: dict, source: str, skip: tuple = ()) -> None:
 
 
 def _from_log_text(text: str, path: str) -> RunConfig:
-    from ..diagnosis import scan_text
+    from ..logs.structure import config_blocks_of_text
 
-    cfg = from_log_blocks(scan_text(text, name=path).structure.config_blocks)
+    cfg = from_log_blocks(config_blocks_of_text(text, path))
     if cfg is None:
         raise ConfigError(f"{path}: no arguments block could be read")
     return cfg

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .lines import clean, prefix_key, split_prefix, timestamp
+from .lines import clean, prefix_key, split_prefix, strip_ansi, timestamp
 
 MAX_SERIES = 50_000  # iteration points kept (then decimated by 2): ~1.2 KB each, so <= 60 MB
 MAX_RECORDS = 200  # tracebacks, exceptions, memory reports kept
@@ -733,12 +733,12 @@ class BridgeYamlBlock(Block):
 
         if not self.lines:
             return
-        from ..config.load import ConfigError, _check_expansion
+        from ..yamlsafe import check_expansion
 
         try:
             doc = yaml.safe_load("\n".join(self.lines))
-            _check_expansion(doc, f"{self.file}:{self.start_line}")  # an alias bomb inside a log, too
-        except (yaml.YAMLError, ConfigError, RecursionError, ValueError):
+            check_expansion(doc, f"{self.file}:{self.start_line}")  # an alias bomb inside a log, too
+        except (yaml.YAMLError, RecursionError, ValueError):
             self.s.note("config_block_refused", self.file, self.start_line,
                         "a 'Final configuration:' block that is not a config (invalid YAML or an alias bomb)")
             return
@@ -789,6 +789,27 @@ BLOCKS = {
     "@bridge_yaml": BridgeYamlBlock,
     "@bridge_summary": BridgeSummaryBlock,
 }
+
+
+CONFIG_KEYS = ("@mlm_args", "@bridge_yaml", "@bridge_summary")
+
+
+def config_blocks_of_text(text: str, name: str) -> list:
+    """The config blocks a log's text holds (Megatron-LM's arguments dump, Bridge's "Final
+    configuration:" YAML and its configuration summary), read line by line as the scan reads
+    them, without the signature scan: what ``--config LOG`` needs (config/load.py)."""
+    s = Structure()
+    open_blocks: list = []
+    for no, raw in enumerate(text.splitlines(), start=1):
+        line = strip_ansi(raw.rstrip("\r"))
+        open_blocks = [b for b in open_blocks if b.feed_text(line, no)]
+        for key in CONFIG_KEYS:
+            block = BLOCKS[key]
+            if any(a in line for a in ANCHORS[key]) and block.wanted(s, name, no, line):
+                open_blocks.append(block(s, name, no, line))
+    for b in open_blocks:
+        b.finish()
+    return s.config_blocks
 
 
 def on_line(s: Structure, key: str, text: str, file: str, line: int):
@@ -862,9 +883,8 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         add_pace(s, text, file, line)
     elif key == "@grad_norm":
         add_grad_norm(s, text, file, line)
-    elif key == "@versions":
-        if _VERSION.search(text):
-            s.note("version:megatron-bridge", file, line, text[:300], replace=True)  # the latest printed
+    elif key == "@versions" and _VERSION.search(text):
+        s.note("version:megatron-bridge", file, line, text[:300], replace=True)  # the latest printed
 
 
 # "megatron-bridge 0.5.0" (pip list), "megatron-bridge==0.6.0rc0", "megatron_bridge-0.5.0.dist-info",

@@ -6,7 +6,8 @@ lines. It returns, per matching line, the line's byte span and the keys whose an
 (an occurrence belongs to the line its first byte is on); ``verify`` then runs each signature's
 regex on that one decoded line.
 
-Engines (``available_engines()``; ``make_engine(name=None)`` picks the fastest one installed):
+Engines (match/engines.py: ``available_engines()``; ``make_engine(name=None)`` picks the fastest one
+installed):
 
 * ``regex``: pure Python. Sweeping the buffer once per anchor with ``bytes.find`` costs about
   1.5 GB/s per anchor, i.e. a few MB/s for 400 anchors, so on large buffers the engine plans,
@@ -408,27 +409,6 @@ def scan_anchors(db, versions: dict | None = None, structure: bool = True) -> di
     if structure:
         out.update(ANCHORS)
     return out
-
-
-def available_engines() -> dict[str, type]:
-    engines: dict[str, type] = {"regex": RegexEngine}
-    try:
-        from .hyperscan_engine import HyperscanEngine
-
-        if HyperscanEngine.available():
-            engines["hyperscan"] = HyperscanEngine
-    except ImportError:
-        pass
-    return engines
-
-
-def make_engine(anchors: dict[str, tuple[str, ...]], name: str | None = None, dense: Iterable[str] = ()) -> Engine:
-    engines = available_engines()
-    if name is None or name == "auto":
-        name = "hyperscan" if "hyperscan" in engines else "regex"
-    if name not in engines:
-        raise ValueError(f"engine {name!r} is not available (have: {', '.join(sorted(engines))})")
-    return engines[name](anchors, dense)
 
 
 _compiled: dict[str, regex.Pattern] = {}

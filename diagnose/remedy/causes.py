@@ -237,3 +237,24 @@ def plan_preflight(db: Database, cfg: RunConfig, ctx: Context, allow_unsafe: boo
     if p.edits:
         p.effect = PL.effect_of(cfg, p.edits, ctx)
     return p
+
+
+def show_computed_overrides(report) -> None:
+    """Where the root cause's fix is computed (PP, offload fraction ...), show the planner's answer.
+
+    The plan is what ``--fix`` would write (unsafe fixes included, labelled as such in the fixes
+    list); the report only shows it. A planner that finds nothing leaves the static overrides.
+    """
+    root = report.root_cause
+    if root is None or report.config is None:
+        return
+    sig = root.finding.signature
+    if not any(fx.compute for fx in sig.fixes):
+        return
+    try:
+        ctx = context_from_report(report)
+        p = PL.plan([sig], report.config, ctx, allow_unsafe=True)
+    except Exception:  # noqa: BLE001 - the report must not fail because a plan could not be made
+        return
+    if p.overrides:
+        root.overrides = p.overrides

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
+from ..fingerprint import unique_fingerprints
 from ..model import Report
 from . import ci
 from .base import Formatter
-from .fingerprint import unique_fingerprints
 
 SEVERITY = {"error": "critical", "warning": "major", "info": "info"}
 

@@ -7,7 +7,7 @@
 * ``results``: one per finding (all hits of one signature, so GitHub's per-run limits are never
   near), located at the first hit in the log (``artifactLocation`` + ``region.startLine`` + the
   line as snippet), further hits as ``relatedLocations``; the message carries the evidence, the
-  cause and the fix as text; ``partialFingerprints`` from diagnose/report/fingerprint.py (logs are
+  cause and the fix as text; ``partialFingerprints`` from diagnose/fingerprint.py (logs are
   not source files, so GitHub cannot compute them itself); ``baselineState`` when ``--baseline``
   is given; the root cause is ranked first and marked in ``properties``.
 * ``artifacts``: the logs read; ``invocations``: the gate outcome.
@@ -21,10 +21,10 @@ from typing import Any
 from urllib.parse import quote
 
 from .. import __version__
+from ..fingerprint import SARIF_KEY, fingerprint
 from ..model import Report
 from . import ci
 from .base import Formatter
-from .fingerprint import SARIF_KEY, fingerprint
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/docs/training/cpu-offloading.md"

@@ -22,8 +22,8 @@ import os
 import re
 from collections.abc import Iterable
 
-from ..logs.lines import split_prefix, strip_ansi
-from ..model import Finding
+from .logs.lines import split_prefix, strip_ansi
+from .model import Finding
 
 #: bump when the normalisation changes (baselines written by another version then stop matching)
 FINGERPRINT_VERSION = 1
