@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import atomic
+from .errors import DiagnoseError
 from .fingerprint import FINGERPRINT_VERSION, fingerprint, normalize_file, normalize_text
 from .model import Finding, fails_gate
 
@@ -29,7 +30,7 @@ BASELINE_VERSION = 1
 MAX_BASELINE_BYTES = 16 << 20
 
 
-class BaselineError(Exception):
+class BaselineError(DiagnoseError):
     """The baseline file cannot be read or is not a diagnose baseline (one line)."""
 
 

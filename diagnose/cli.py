@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from . import __version__, commands, exitcodes
+from .errors import DiagnoseError
 
 
 def _looks_like_command(word: str) -> bool:
@@ -83,6 +84,9 @@ def main(argv=None):
         return 128 + int(getattr(exc, "signum", 2))
     except BrokenPipeError:
         return exitcodes.OK
+    except DiagnoseError as exc:  # a user's error no command translated: one line, its exit code
+        click.echo(f"Error: {exc}", err=True)
+        return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - a bug: one line for the user, the traceback only on request
         import os
         import traceback

@@ -29,6 +29,7 @@ from typing import Any
 
 from .config import memory as mm
 from .config.runconfig import RunConfig
+from .errors import DiagnoseError
 from .model import Report
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
@@ -46,7 +47,7 @@ REFERENCE_NAME = "Qwen3-30B-A3B, TP2 PP2 EP4, 16 GPUs"
 FAILURE_CATEGORIES = ("cuda_oom", "host_oom", "nccl_timeout", "nccl_error")
 
 
-class CompareError(Exception):
+class CompareError(DiagnoseError):
     """The inputs cannot be compared (bad input: exit 2)."""
 
 

@@ -20,6 +20,7 @@ import regex
 import yaml
 
 from . import predicate
+from .errors import DiagnoseError
 from .model import CATEGORIES, ROLES, SAFETY, SCOPES, SEVERITIES, Edit, Fix, Signature
 
 SCHEMA_VERSION = 1
@@ -34,7 +35,7 @@ _MATCH_FIELDS = {"anchors", "regex", "captures_when"}
 _EDIT_OPS = {"set", "scale", "add", "delete"}
 
 
-class DatabaseError(Exception):
+class DatabaseError(DiagnoseError):
     """A database file is invalid. The message names the file and the signature id."""
 
 

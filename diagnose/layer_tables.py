@@ -15,13 +15,15 @@ from pathlib import Path
 import regex
 import yaml
 
+from .errors import DiagnoseError
+
 BASES = ("signature", "anchor", "exception", "traceback", "context", "wrapper", "symptom", "cascade", "failure")
 _ROW_FIELDS = {"id", "signature", "types", "message", "frames", "source", "innermost", "before", "within", "cut"}
 _TIMEOUT = 0.25
 _NAME = regex.compile(r"[A-Za-z_]\w*")
 
 
-class LayerError(Exception):
+class LayerError(DiagnoseError):
     """A layer table is invalid. The message names the file and the row."""
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .analyze.findings import MAX_LINES, MAX_SAMPLES, Findings, _earlier
+from .errors import DiagnoseError
 from .logs import read as R
 from .logs import structure as S
 from .logs.lines import clean
@@ -408,7 +409,7 @@ def _number_pieces(pool, tasks: list) -> list:
 PARTIAL_FORMAT = "diagnose-partial/1"
 
 
-class ShardError(Exception):
+class ShardError(DiagnoseError):
     """A shard cannot be scanned, or partial results cannot be merged: the message says why."""
 
 

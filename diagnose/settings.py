@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import DiagnoseError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -67,7 +69,7 @@ HOWTO = """no launcher configured for --relaunch. Give --launcher and --launch-c
 (or the same keys, without the table header, in a diagnose.toml beside it)"""
 
 
-class SettingsError(Exception):
+class SettingsError(DiagnoseError):
     pass
 
 

@@ -126,3 +126,32 @@ def test_signatures_test_and_list_refuse_what_does_not_exist(run_cli):
     assert code == exitcodes.USAGE and "did you mean 'cuda_oom'" in err
     code, out, _ = run_cli("signatures", "test", "MB-OFF-101")
     assert code == 0 and "(1 signatures)" in out
+
+
+def test_every_user_error_is_one_error_model_and_exits_2(tmp_path, run_cli, monkeypatch):
+    """A DiagnoseError that no command translated still reaches the user as one line and exit 2
+    (cli.main translates it once), never as an internal error (3) with a traceback."""
+    import diagnose.commands.scan as SC
+    from diagnose.baseline import BaselineError
+    from diagnose.compare import CompareError
+    from diagnose.config.load import ConfigError
+    from diagnose.db import DatabaseError
+    from diagnose.errors import DiagnoseError
+    from diagnose.launch.base import LaunchError
+    from diagnose.layer_tables import LayerError
+    from diagnose.logs.read import InputError
+    from diagnose.parallel import ShardError
+    from diagnose.remedy.edit import EditError
+    from diagnose.settings import SettingsError
+
+    for cls in (BaselineError, CompareError, ConfigError, DatabaseError, LaunchError, LayerError, InputError,
+                ShardError, EditError, SettingsError):
+        assert issubclass(cls, DiagnoseError), cls
+
+    def boom(*a, **k):
+        raise InputError("run.log: permission denied")
+
+    monkeypatch.setattr(SC, "diagnose_paths", boom)
+    code, out, err = run_cli(write(tmp_path / "ok.log", healthy_lines(10)))
+    assert code == exitcodes.USAGE == 2 and out == ""
+    assert err.strip() == "Error: run.log: permission denied"

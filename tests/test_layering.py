@@ -13,7 +13,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "diagnose"
 
 LAYERS = [
-    {"__init__", "model", "predicate", "exitcodes", "atomic", "settings", "edits", "yamlsafe"},
+    {"__init__", "model", "predicate", "exitcodes", "errors", "atomic", "settings", "edits", "yamlsafe"},
     {"db", "sigschema", "logs", "fingerprint", "layer_tables", "data"},
     {"match", "config"},
     {"scan", "parallel", "analyze", "progress"},

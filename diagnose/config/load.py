@@ -6,11 +6,12 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import DiagnoseError
 from ..yamlsafe import YamlBomb, check_expansion
 from .runconfig import RunConfig, from_log_blocks, normalize, strip_targets
 
 
-class ConfigError(Exception):
+class ConfigError(DiagnoseError):
     """The config cannot be used (one line, names the file and, where known, the key path)."""
 
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import DiagnoseError
 
-class LaunchError(Exception):
+
+class LaunchError(DiagnoseError):
     """The job could not be started or queried (one line for the user)."""
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import DiagnoseError
+
 CHUNK = 8 << 20  # bytes read at a time
 GZIP_MAGIC = b"\x1f\x8b"  # a compressed stream is detected by content, not by name
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -44,7 +46,7 @@ MAX_LINE = 1 << 20  # a line longer than this is split (a 100 MB line without ne
 FIFO_TIMEOUT = 10.0  # seconds to wait for the first data from a named pipe (env DIAGNOSE_FIFO_TIMEOUT)
 
 
-class InputError(Exception):
+class InputError(DiagnoseError):
     """An input path cannot be read at all (the message is one line, for the user)."""
 
 

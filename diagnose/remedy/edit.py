@@ -29,9 +29,10 @@ from ruamel.yaml.error import YAMLError
 
 from .. import atomic
 from ..edits import DELETE
+from ..errors import DiagnoseError
 
 
-class EditError(Exception):
+class EditError(DiagnoseError):
     """The config cannot be rewritten (one line for the user)."""
 
 
