@@ -30,7 +30,7 @@ from typing import Any
 from .config import memory as mm
 from .config.runconfig import RunConfig
 from .errors import DiagnoseError
-from .model import Report
+from .model import Report, Role, Severity
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
 
@@ -304,9 +304,9 @@ def _where(h) -> str:
 
 def check_config(run: Side) -> Criterion:
     bad = [f for f in run.report.findings if f.signature.category.startswith("config_")
-           and f.signature.severity == "error" and f.signature.role == "root"]
+           and f.signature.severity == Severity.ERROR and f.signature.role == Role.ROOT]
     warn = [f for f in run.report.findings if f.signature.category.startswith("config_") and f not in bad
-            and f.signature.role != "advice"]
+            and f.signature.role != Role.ADVICE]
     if bad:
         return Criterion("config", "Config valid", FAIL,
                          "; ".join(f"{f.signature.id} {f.signature.title}" for f in bad),
@@ -322,7 +322,7 @@ def check_config(run: Side) -> Criterion:
 
 def check_completed(run: Side) -> Criterion:
     fails = [f for f in run.report.findings if f.signature.category in FAILURE_CATEGORIES
-             and f.signature.role != "advice" and f.signature.severity == "error"]
+             and f.signature.role != Role.ADVICE and f.signature.severity == Severity.ERROR]
     problems, evidence = [], []
     for f in fails:
         problems.append(f"{f.signature.id} {f.signature.title} ({f.count}x)")

@@ -21,7 +21,7 @@ import yaml
 
 from . import predicate
 from .errors import DiagnoseError
-from .model import CATEGORIES, ROLES, SAFETY, SCOPES, SEVERITIES, Edit, Fix, Signature
+from .model import CATEGORIES, ROLES, SAFETY, SCOPES, SEVERITIES, Edit, Fix, Scope, Signature
 
 SCHEMA_VERSION = 1
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: 10x faster
@@ -69,7 +69,7 @@ class Database:
     def refiners_of(self, sig: Signature) -> list[Signature]:
         return [
             r for r in self.signatures
-            if r.scope == "refine" and (sig.id in r.refines or f"category:{sig.category}" in r.refines)
+            if r.scope == Scope.REFINE and (sig.id in r.refines or f"category:{sig.category}" in r.refines)
         ]
 
 
@@ -181,7 +181,7 @@ def _choice(raw: dict, key: str, choices, default=None):
     val = raw.get(key, default)
     if val not in choices:
         raise DatabaseError(f"{key} {val!r} is not one of {', '.join(choices)}")
-    return val
+    return next((c for c in choices if c == val), val)  # the vocabulary's member (a StrEnum where it is one)
 
 
 _QUANT = regex.compile(r"[*+?]|\{\d*(?:,\d*)?\}")
@@ -466,7 +466,7 @@ def _tests(raw, scope) -> tuple[tuple, tuple]:
         if not isinstance(case, (str, dict)):
             raise DatabaseError("a test case is a line (string) or a mapping {line|log, config}")
         if isinstance(case, dict) and not ({"line", "log"} & set(case)) and not (
-            scope == "config" and "config" in case
+            scope == Scope.CONFIG and "config" in case
         ):
             raise DatabaseError("a test case mapping needs 'line' or 'log' (or 'config' for a config rule)")
         if isinstance(case, dict) and set(case) - {"line", "log", "config", "baseline_ms"}:
@@ -501,7 +501,7 @@ def _build(raw: dict, fname: str) -> Signature:
     pattern = match.get("regex")
     if pattern is not None and not isinstance(pattern, str):
         raise DatabaseError(f"regex must be a string, got {pattern!r}")
-    if scope == "line" and not anchors:
+    if scope == Scope.LINE and not anchors:
         raise DatabaseError("a line signature needs at least one literal anchor")
     if pattern is not None:
         try:
@@ -515,11 +515,11 @@ def _build(raw: dict, fname: str) -> Signature:
     if match.get("captures_when") is not None and not isinstance(match["captures_when"], str):
         raise DatabaseError("'match.captures_when' must be a predicate string")
     refines = _names(raw, "refines")
-    if scope == "refine" and not refines:
+    if scope == Scope.REFINE and not refines:
         raise DatabaseError("a refine signature needs 'refines'")
-    if scope == "config" and not (raw.get("confirm") or {}).get("when"):
+    if scope == Scope.CONFIG and not (raw.get("confirm") or {}).get("when"):
         raise DatabaseError("a config signature needs a 'confirm.when' predicate")
-    if scope == "metric" and not raw.get("metric"):
+    if scope == Scope.METRIC and not raw.get("metric"):
         raise DatabaseError("a metric signature needs a 'metric' predicate")
     confirm = raw.get("confirm") or {}
     if isinstance(confirm, str):

@@ -7,7 +7,7 @@ from .analyze import expected, layers, symptoms
 from .analyze import root_cause as RC
 from .config.runconfig import RunConfig, from_log_blocks
 from .db import Database, load
-from .model import Report
+from .model import Report, Severity
 from .scan import Scanner, ScanResult
 
 _SCANNERS: dict = {}
@@ -60,7 +60,7 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
                                                                       res.findings.lines)
     # the error-level findings so far (lines, exceptions): a symptom that only says "stopped" or
     # "slow" may ask for none
-    metrics["error_findings"] = sum(1 for f in res.findings.all() if f.signature.severity == "error")
+    metrics["error_findings"] = sum(1 for f in res.findings.all() if f.signature.severity == Severity.ERROR)
     RC.add_symptoms(db, res.findings, res.structure, cfg, metrics, where)
     root = RC.choose(db, res.findings, cfg, metrics, res.structure.torchrun)
     if root is not None:

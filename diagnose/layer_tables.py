@@ -16,6 +16,7 @@ import regex
 import yaml
 
 from .errors import DiagnoseError
+from .model import Scope
 
 BASES = ("signature", "anchor", "exception", "traceback", "context", "wrapper", "symptom", "cascade", "failure")
 _ROW_FIELDS = {"id", "signature", "types", "message", "frames", "source", "innermost", "before", "within", "cut"}
@@ -178,5 +179,5 @@ def check_against(tables: Tables, db) -> None:
     """Every row must name a ``scope: layer`` signature of the database."""
     for row in tables.rows():
         sig = db.get(row.signature)
-        if sig is None or sig.scope != "layer":
+        if sig is None or sig.scope != Scope.LAYER:
             raise LayerError(f"layers: {row.id}: {row.signature!r} is not a scope: layer signature")

@@ -7,6 +7,7 @@ A log line flows through them left to right:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 # Root-cause categories (product.md, JSON ``root_cause.category``).
@@ -17,27 +18,68 @@ CATEGORIES = (
     "cpu_offload_runtime", "config_divisibility", "config_other", "loss_nan", "import_error",
     "checkpoint_error", "slow_iteration", "slow_optimizer_offload", "cuda_error", "hang", "other",
 )
-SEVERITIES = ("error", "warning", "info")
-SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+class StrEnum(str, Enum):
+    """A closed vocabulary whose members are their strings (enum.StrEnum, which Python 3.10 lacks):
+    equal to, hashed, printed and formatted as the plain value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class Role(StrEnum):
+    """root: a primary cause. cascade: a consequence of another failure (promoted to root only
+    when nothing else explains the run). confirmation: corroborates (e.g. torchrun's summary
+    block). advice: a harmless warning or hint, never a root cause."""
+
+    ROOT = "root"
+    CASCADE = "cascade"
+    CONFIRMATION = "confirmation"
+    ADVICE = "advice"
+
+
+class Scope(StrEnum):
+    """line: one log line; metric: a symptom computed from the log's structure (iteration series,
+    timers); refine: a sharper reading of another signature's hit, given the config or captures;
+    config: a trap in the configuration itself that no framework reports (preflight, and the
+    scan when the log or --config gives the config); layer: named by an evidence layer
+    (analyze/layers.py) when no exact signature matched."""
+
+    LINE = "line"
+    METRIC = "metric"
+    REFINE = "refine"
+    CONFIG = "config"
+    LAYER = "layer"
+
+
+class Safety(StrEnum):
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+    DISPLAY_ONLY = "display-only"
+
+
+SEVERITIES = tuple(Severity)
+SEVERITY_RANK: dict[str, int] = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
 
 
 def fails_gate(severity: str, role: str | None, fail_on: str) -> bool:
     """The one rule of every gate (scan, check, CI formats): severity at or above ``fail_on``;
     advice never fails."""
-    return role != "advice" and SEVERITY_RANK[severity] >= SEVERITY_RANK[fail_on]
+    return role != Role.ADVICE and SEVERITY_RANK[severity] >= SEVERITY_RANK[fail_on]
 
-# root: a primary cause. cascade: a consequence of another failure (promoted to root only when
-# nothing else explains the run). confirmation: corroborates (e.g. torchrun's summary block).
-# advice: a harmless warning or hint, never a root cause.
-ROLES = ("root", "cascade", "confirmation", "advice")
-# line: one log line; metric: a symptom computed from the log's structure (iteration series,
-# timers); refine: a sharper reading of another signature's hit, given the config or captures;
-# config: a trap in the configuration itself that no framework reports (preflight, and the scan
-# when the log or --config gives the config).
-# layer: named by an evidence layer (analyze/layers.py) when no exact signature matched: an
-# exception read by its type and message, a traceback by its frames, a failed job by its exit.
-SCOPES = ("line", "metric", "refine", "config", "layer")
-SAFETY = ("safe", "unsafe", "display-only")
+ROLES = tuple(Role)
+SCOPES = tuple(Scope)
+SAFETY = tuple(Safety)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from .logs import read as R
 from .logs import structure as S
 from .match.engine import Engine, compiled, verify
 from .match.engines import make_engine
-from .model import Hit
+from .model import Hit, Severity
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d{1,6})(?!\d)", re.I)
 
@@ -190,7 +190,7 @@ class Scanner:
                     continue
                 caps = self._verify(sig, msg)
                 if caps is None:
-                    if sig.regex and sig.severity == "error" and sig.role in ("root", "cascade"):
+                    if sig.regex and sig.severity == Severity.ERROR and sig.role in ("root", "cascade"):
                         missed.append(sig)
                     continue
                 hits += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .db import Database
-from .model import CATEGORIES
+from .model import CATEGORIES, Scope
 
 
 def _one_line(text: str) -> str:
@@ -39,7 +39,7 @@ def markdown(db: Database) -> str:
         out += ["", f"## {c}"]
         for s in sorted(by_cat[c], key=lambda x: x.id):
             out += ["", f"### {s.id} `{s.slug}`", "", f"**{_one_line(s.title)}** — {s.severity}, {s.role}"
-                    + (f", scope {s.scope}" if s.scope != "line" else "")]
+                    + (f", scope {s.scope}" if s.scope != Scope.LINE else "")]
             if s.anchors:
                 out.append("- matches: " + ", ".join(_code(a) for a in s.anchors[:6])
                            + (f" (+{len(s.anchors) - 6} more)" if len(s.anchors) > 6 else ""))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from .config.runconfig import RunConfig
 from .db import Database
 from .match.engine import line_matches
-from .model import Signature
+from .model import Scope, Signature
 
 
 @dataclass
@@ -23,7 +23,7 @@ def run_case(db: Database, sig: Signature, case, expect: bool) -> CaseResult:
 
     if isinstance(case, str):
         got = line_matches(sig, case)
-        if sig.scope != "line":
+        if sig.scope != Scope.LINE:
             report = diagnose_text(case, db)
             got = any(f.signature.id == sig.id for f in report.findings)
         return CaseResult(

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .. import predicate as P
 from ..db import Database
 from ..edits import fix_overrides
-from ..model import SEVERITY_RANK, Finding, Hit, RootCause, Signature
+from ..model import SEVERITY_RANK, Finding, Hit, Role, RootCause, Scope, Severity, Signature
 from . import layers, symptoms
 from .findings import Findings, first_hit
 
@@ -119,7 +119,7 @@ def basis_of(f: Finding, hit: Hit) -> str:
         return hit.captures["layer"]
     if sig.id == GENERIC_EXCEPTION_ID:
         return "exception"
-    if sig.scope == "metric":
+    if sig.scope == Scope.METRIC:
         return "symptom"
     if "wrapper" in sig.tags:
         return "wrapper"
@@ -136,11 +136,11 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
     # a root whose evidence another finding explains (torchrun's own SIGKILL of a stuck worker
     # explains an "exitcode -9") counts as a cascade
     demoted = {f.signature.id for f in allf if set(f.signature.demoted_by) & present}
-    roots = [f for f in allf if f.signature.role == "root" and f.signature.id != GENERIC_EXCEPTION_ID
-             and f.signature.scope != "layer" and f.signature.id not in demoted]
+    roots = [f for f in allf if f.signature.role == Role.ROOT and f.signature.id != GENERIC_EXCEPTION_ID
+             and f.signature.scope != Scope.LAYER and f.signature.id not in demoted]
     # what the layers read from exceptions and tracebacks; "failure" rows (a failed subprocess
     # or worker) only say that the job failed and wait for the last tier
-    layered = [f for f in allf if f.signature.scope == "layer" and f.signature.role == "root"
+    layered = [f for f in allf if f.signature.scope == Scope.LAYER and f.signature.role == Role.ROOT
                and "failure" not in f.signature.tags]
     chosen: Finding | None = None
     tier = ""
@@ -158,8 +158,8 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
         earliest = first_hit([f.first for f in layered])
         chosen = next(f for f in layered if f.first is earliest)
     else:
-        cands = [f for f in allf if (f.signature.role == "cascade" or f.signature.id in demoted)
-                 and f.signature.severity == "error" and f.signature.scope != "layer"]
+        cands = [f for f in allf if (f.signature.role == Role.CASCADE or f.signature.id in demoted)
+                 and f.signature.severity == Severity.ERROR and f.signature.scope != Scope.LAYER]
         generic = findings.get(GENERIC_EXCEPTION_ID)
         if generic:
             cands.append(generic)
@@ -170,8 +170,8 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
             chosen = next(f for f in pool if f.first is earliest)
             tier = "" if chosen is generic else "cascade"
         else:
-            failed = [f for f in allf if f.signature.severity == "error"
-                      and (f.signature.role == "confirmation" or "failure" in f.signature.tags)]
+            failed = [f for f in allf if f.signature.severity == Severity.ERROR
+                      and (f.signature.role == Role.CONFIRMATION or "failure" in f.signature.tags)]
             if failed:
                 chosen = min(failed, key=lambda f: (-f.signature.priority, f.first.order))
                 tier = "failure"
@@ -246,7 +246,7 @@ def straggler(root: RootCause, findings: Findings, seen_ranks: set, world_size: 
         return None
     reporting: set[int] = set()
     for f in findings.all():
-        if f.signature.category == "nccl_timeout" and f.signature.severity == "error":
+        if f.signature.category == "nccl_timeout" and f.signature.severity == Severity.ERROR:
             reporting.update(r for r in f.ranks if r is not None)
     known = {r for r in seen_ranks if r is not None} | reporting
     if not reporting or not known:

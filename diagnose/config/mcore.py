@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..db import Database, applies_to
 from ..match.engine import line_matches
-from ..model import Signature
+from ..model import Role, Scope, Signature
 from .runconfig import RunConfig
 
 
@@ -179,7 +179,7 @@ def name_exception(db: Database, exc_type: str, message: str, source_line: str,
     lines = [f"{exc_type}: {message}" if message else exc_type]
     if source_line:
         lines.append(source_line)
-    cands = [s for s in db.signatures if s.scope == "line" and s.anchors and s.role != "advice"
+    cands = [s for s in db.signatures if s.scope == Scope.LINE and s.anchors and s.role != Role.ADVICE
              and any(line_matches(s, ln) for ln in lines)]
     if not cands:
         return None

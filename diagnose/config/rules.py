@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .. import predicate as P
 from ..db import Database, applies_to
 from ..edits import fix_overrides as edit_overrides
-from ..model import SEVERITY_RANK, Signature, fails_gate
+from ..model import SEVERITY_RANK, Scope, Signature, fails_gate
 from .runconfig import RunConfig
 
 
@@ -45,7 +45,7 @@ class CheckFinding:
 
 def rule_signatures(db: Database, versions: dict) -> list[Signature]:
     return [s for s in db.signatures
-            if s.confirm_when and (s.preflight or s.scope == "config") and applies_to(s, versions)]
+            if s.confirm_when and (s.preflight or s.scope == Scope.CONFIG) and applies_to(s, versions)]
 
 
 def roots(cfg: RunConfig, metrics: dict | None = None) -> dict:

@@ -20,7 +20,7 @@ from ..db import Database, load
 from ..diagnosis import analyze, scanner_for
 from ..logs import structure as S
 from ..logs.read import MAX_LINE, Chunk, normalize
-from ..model import Finding, Report
+from ..model import Finding, Report, Role, Severity
 from ..scan import ScanResult
 
 POLL_S = 0.05  # how often the file is checked for new bytes
@@ -29,7 +29,7 @@ READ_MAX = 8 << 20  # bytes read per poll at most (a burst is scanned over sever
 
 def is_fatal(f: Finding) -> bool:
     s = f.signature
-    return s.role == "root" and s.severity == "error" and s.scope in ("line", "refine")
+    return s.role == Role.ROOT and s.severity == Severity.ERROR and s.scope in ("line", "refine")
 
 
 HEAD_BYTES = 256  # compared on every poll to tell a rewritten file from a grown one

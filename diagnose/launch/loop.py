@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import exitcodes
 from ..config.runconfig import RunConfig
 from ..db import Database
-from ..model import Report
+from ..model import Report, Severity
 from ..remedy import edit as E
 from ..remedy import plan as PL
 from .base import Job, Launcher, LaunchError
@@ -118,7 +118,7 @@ def root_json(report: Report | None) -> dict | None:
 
 def healthy(report: Report, exit_code: int | None) -> bool:
     rc = report.root_cause
-    return exit_code == 0 and (rc is None or rc.finding.signature.severity != "error")
+    return exit_code == 0 and (rc is None or rc.finding.signature.severity != Severity.ERROR)
 
 
 # --- watching one job ----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ..config.layout import LayoutError
 from ..config.layout import of as layout_of
 from ..config.runconfig import RunConfig, from_log_blocks
 from ..db import Database, applies_to
-from ..model import SEVERITY_RANK, Report, Signature
+from ..model import SEVERITY_RANK, Report, Role, Scope, Signature
 from . import plan as PL
 from .plan import Context, NoFix, estimate
 
@@ -176,12 +176,12 @@ def preflight_signatures(db: Database, cfg: RunConfig, ctx: Context, versions: d
     rules = _rules_module()
     if rules is not None and hasattr(rules, "evaluate"):
         found = rules.evaluate(rcfg, db, versions or {}, metrics)
-        return [f.signature for f in found if f.signature is not None and f.signature.role != "advice"]
+        return [f.signature for f in found if f.signature is not None and f.signature.role != Role.ADVICE]
     roots = dict(rcfg.data)
     roots["metrics"] = {**(roots.get("metrics") or {}), **metrics}
     out = []
     for s in db.signatures:
-        if not (s.preflight or s.scope == "config") or not s.confirm_when or s.role == "advice":
+        if not (s.preflight or s.scope == Scope.CONFIG) or not s.confirm_when or s.role == Role.ADVICE:
             continue
         if versions and not applies_to(s, versions):
             continue

@@ -39,7 +39,7 @@ from ..config.fit import (  # noqa: F401 - the planner's names for the fit facts
 from ..config.layout import of as layout_of
 from ..config.runconfig import MISSING, RunConfig
 from ..edits import DELETE, apply_edit, format_value, override
-from ..model import Edit, Fix, Signature
+from ..model import Edit, Fix, Safety, Signature
 from . import resume as RS
 
 # full activation recompute, tried only where no layout or offload setting fits: each layer's
@@ -714,7 +714,7 @@ def plan(causes: list[Signature], cfg: RunConfig | None, ctx: Context | None = N
         for fix in sig.fixes:
             if fix.when and P.evaluate(fix.when, roots) is False:
                 continue
-            if fix.safety == "display-only" or (not fix.edits and not fix.compute):
+            if fix.safety == Safety.DISPLAY_ONLY or (not fix.edits and not fix.compute):
                 out.advice.append((sig, fix.text))
                 continue
             try:
@@ -738,7 +738,7 @@ def plan(causes: list[Signature], cfg: RunConfig | None, ctx: Context | None = N
                 # the run that failed already had this fix: it did not help; try the next one
                 reasons.append(f"{fix.text.split('.')[0]}: the failed run already had it")
                 continue
-            if fix.safety == "unsafe" and not allow_unsafe:
+            if fix.safety == Safety.UNSAFE and not allow_unsafe:
                 if refused is None:
                     refused = Refusal(sig, fix, edits, reason, _effect(work, changes, ctx, fix.effect))
                 continue

@@ -2,7 +2,7 @@
 gate status of each finding, messages, and links to the MCore / Bridge source a signature cites."""
 from __future__ import annotations
 
-from ..model import Finding, Report, Signature
+from ..model import Finding, Report, Role, Signature
 
 GITHUB = "https://github.com"
 
@@ -27,7 +27,7 @@ def ordered(report: Report) -> list[Finding]:
     """The root cause's finding first, then by severity (error first), then in log order."""
     rc = report.root_cause.finding if report.root_cause else None
     sev = {"error": 0, "warning": 1, "info": 2}
-    return sorted(report.findings, key=lambda f: (f is not rc, f.signature.role == "advice",
+    return sorted(report.findings, key=lambda f: (f is not rc, f.signature.role == Role.ADVICE,
                                                   sev.get(f.signature.severity, 3), f.first.order))
 
 
@@ -46,7 +46,7 @@ def is_root(report: Report, f: Finding) -> bool:
 
 def level(f: Finding) -> str:
     """error | warning | note (SARIF's words; advice is always a note)."""
-    if f.signature.role == "advice":
+    if f.signature.role == Role.ADVICE:
         return "note"
     return {"error": "error", "warning": "warning"}.get(f.signature.severity, "note")
 

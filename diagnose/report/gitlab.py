@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ..fingerprint import unique_fingerprints
-from ..model import Report
+from ..model import Report, Role, Severity
 from . import ci
 from .base import Formatter
 
@@ -19,9 +19,9 @@ SEVERITY = {"error": "critical", "warning": "major", "info": "info"}
 
 
 def severity(f, root: bool) -> str:
-    if f.signature.role == "advice":
-        return "info" if f.signature.severity == "info" else "minor"
-    if root and f.signature.severity == "error":
+    if f.signature.role == Role.ADVICE:
+        return "info" if f.signature.severity == Severity.INFO else "minor"
+    if root and f.signature.severity == Severity.ERROR:
         return "blocker"
     return SEVERITY.get(f.signature.severity, "info")
 
@@ -43,7 +43,7 @@ class GitlabFormatter(Formatter):
                 "description": (("Root cause: " if root else "") + f"{s.id} {ci.summary_line(f)}: "
                                 + " ".join(f.first.text.split())[:300]),
                 "content": {"body": ci.message(f, report)},
-                "categories": ["Bug Risk"] if s.role != "advice" else ["Style"],
+                "categories": ["Bug Risk"] if s.role != Role.ADVICE else ["Style"],
                 "severity": severity(f, root),
                 "fingerprint": fp,
                 "location": {"path": f.first.file, "lines": {"begin": max(1, int(f.first.line or 1))}},

@@ -13,7 +13,7 @@ import socket
 import xml.etree.ElementTree as ET
 from collections import OrderedDict
 
-from ..model import Report
+from ..model import Report, Role
 from . import ci
 from .base import Formatter
 
@@ -77,7 +77,7 @@ class JunitFormatter(Formatter):
                 else:
                     out = ET.SubElement(case, "system-out")
                     why = ("accepted by the baseline" if st == "baseline"
-                           else f"below --fail-on {self.fail_on}" if s.role != "advice" else "advice, never fails")
+                           else f"below --fail-on {self.fail_on}" if s.role != Role.ADVICE else "advice, never fails")
                     out.text = f"found ({why}):\n{msg}"
             suite.set("tests", str(len(members)))
             suite.set("failures", str(nfail))

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from .. import __version__
 from ..fingerprint import SARIF_KEY, fingerprint
-from ..model import Report
+from ..model import Report, Role
 from . import ci
 from .base import Formatter
 
@@ -196,7 +196,7 @@ class SarifFormatter(Formatter):
             "shortDescription": {"text": s.title},
             "fullDescription": {"text": " ".join(s.cause.split()) or s.title},
             "help": {"text": ci.help_text(s), "markdown": ci.help_markdown(s)},
-            "defaultConfiguration": {"level": "note" if s.role == "advice" else
+            "defaultConfiguration": {"level": "note" if s.role == Role.ADVICE else
                                      {"error": "error", "warning": "warning"}.get(s.severity, "note")},
             "properties": {"tags": list(dict.fromkeys([s.category, *s.tags]))[:20], "category": s.category,
                            "role": s.role, "scope": s.scope, "slug": s.slug,
