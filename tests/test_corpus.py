@@ -138,6 +138,12 @@ LAYER_CASES = [
     # is an INFO line, not a missing library: the output stops in NCCL set-up
     ("r5-nvidia/007_apex-fused-layer-norm-cuda-missing-at-model-init.log", "import_error", "traceback"),
     ("r5-nvidia/011_nccl-fsdp-example-hang-before-training-loop.log", "hang", "symptom"),
+    # round 6 (dev part): a world size that is not the product of the parallel sizes; a traceback
+    # cut in a rollout engine's sleep (weights into pinned host memory); one rank's unknown
+    # error before every other rank's watchdog timeout is the cause, not the timeouts
+    ("r6-config-import-nan/004_ms-swift-grpo-world-size-not-equal-tp-x-pp.log", "config_divisibility", "exception"),
+    ("r6-memory-speed/019_verl-vllm-sleep-pin-memory-allocation-cut.log", "host_oom", "traceback"),
+    ("r6-dist-ckpt/021_trlx-ppo-rank-crash-then-watchdog-timeouts.log", "other", "exception"),
 ]
 
 

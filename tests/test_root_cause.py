@@ -272,3 +272,17 @@ def test_a_weight_update_that_failed_for_an_out_of_memory_is_the_out_of_memory(d
     assert diagnose_text(oom, db).root_cause.finding.signature.id == "MB-OOM-001"
     shape = "Failed to update parameter online: start (256) + length (256) exceeds dimension size (256)." + tail
     assert diagnose_text(shape, db).root_cause.finding.signature.id == "MB-CKPT-018"
+
+
+def test_an_unknown_error_before_the_watchdog_timeouts_is_the_cause_not_after_them():
+    """One rank raises an error no signature knows; the others then time out in the collective
+    it never joined (C++ watchdog records below it). The error is the root cause; printed after
+    the timeouts instead, it is their consequence and the timeout is named."""
+    err = "RuntimeError: Invalid mt19937 state"
+    nccl = ("[E ProcessGroupNCCL.cpp:456] Some NCCL operations have failed or timed out. Due to the asynchronous "
+            "nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.")
+    before = "\n".join([err, nccl] + [WATCHDOG.format(r=r, m=30) for r in (1, 2, 3)]) + "\n"
+    rc = diagnose_text(before).root_cause
+    assert rc.finding.signature.id == "MB-GEN-001" and rc.hit.text == err
+    after = "\n".join([WATCHDOG.format(r=r, m=30) for r in (1, 2, 3)] + [err]) + "\n"
+    assert diagnose_text(after).root_cause.finding.signature.category == "nccl_timeout"

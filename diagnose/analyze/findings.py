@@ -1,9 +1,15 @@
 """Hits -> findings: all hits of one signature, counted per rank, bounded in memory."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 
-from ..model import Finding, Hit, Signature
+from ..logs.lines import split_prefix
+from ..model import Finding, Hit, Role, Signature
+
+# a line that starts a C++ (glog-style) log record: "[E ProcessGroupNCCL.cpp:456] ", or
+# "[E1130 10:58:34.718000 4242 ProcessGroupNCCL.cpp:1234] " once logs/lines.py took off its date
+_RECORD = re.compile(r"^(?:\[?[IWEF] )?\w+\.(?:cpp|cc|h|hpp):\d+\] ")
 
 MAX_SAMPLES = 20
 MAX_LINES = 200_000  # (file, line) of root / cascade hits kept to tell explained exceptions from the rest
@@ -26,10 +32,14 @@ class Findings:
         if f is None:
             f = self.by_id[sig.id] = Finding(signature=sig, first=hit, count=0, ranks=Counter(), samples=[])
         f.count += 1
-        # lines that explain an exception there: a root or a consequence, not advice or a
-        # launcher's summary (a confirmation names no cause)
-        if len(self.lines) < MAX_LINES and sig.role in ("root", "cascade"):
-            self.lines.add((hit.file, hit.line))
+        # lines that explain an exception there, on its line or within two lines of it (a message
+        # wrapped over lines): a root, or a consequence, except a consequence that is a record of
+        # its own below the exception (a C++ log line, "[E ProcessGroupNCCL.cpp:456] ...", under
+        # one rank's unknown error does not explain that error); not advice or a launcher's
+        # summary (a confirmation names no cause). (file, line, a consequence's own record)
+        if len(self.lines) < MAX_LINES and sig.role in (Role.ROOT, Role.CASCADE):
+            record = sig.role == Role.CASCADE and _RECORD.match(split_prefix(hit.text)[1]) is not None
+            self.lines.add((hit.file, hit.line, record))
         if hit.rank in f.ranks or len(f.ranks) < MAX_RANKS:
             f.ranks[hit.rank] += 1
         if len(f.samples) < MAX_SAMPLES:

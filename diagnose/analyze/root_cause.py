@@ -88,7 +88,8 @@ def add_unexplained_exceptions(db: Database, findings: Findings, structure, cove
     recs += [(*e, [], [], e[1]) for e in structure.exceptions]
     seen = set()
     for file, line, rank, etype, message, text, frames, source, start in recs:
-        if (file, line) in seen or any((file, line + d) in covered for d in (-2, -1, 0, 1, 2)):
+        if (file, line) in seen or any((file, line + d, True) in covered for d in (-2, -1, 0)) or \
+                any((file, line + d, False) in covered for d in (-2, -1, 0, 1, 2)):  # findings.Findings.add
             continue
         seen.add((file, line))
         if (etype or "").endswith("Warning") or etype == "SystemExit":
@@ -161,9 +162,13 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
         cands = [f for f in allf if (f.signature.role == Role.CASCADE or f.signature.id in demoted)
                  and f.signature.severity == Severity.ERROR and f.signature.scope != Scope.LAYER]
         generic = findings.get(GENERIC_EXCEPTION_ID)
-        if generic:
+        if generic and cands and first_hit([generic.first] + [f.first for f in cands]) is generic.first:
+            # an exception no signature knows, raised before the first consequence (one rank's
+            # error, then every other rank's collective timing out waiting for it): the cause
+            chosen, tier = generic, ""
+        elif generic:
             cands.append(generic)
-        if cands:
+        if cands and chosen is None:
             best = max(f.signature.priority for f in cands)
             pool = [f for f in cands if f.signature.priority == best]
             earliest = first_hit([f.first for f in pool])
