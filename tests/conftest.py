@@ -7,6 +7,23 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cold_caches_under_mutmut():
+    """mutmut (bench/mutation.py) runs the tests once, then forks a child per mutant: the child
+    inherits every cache the first run filled (the database, its layer tables), so a mutant in a
+    cached loader would never run and always "survive". Each child starts cold."""
+    import os
+
+    if os.environ.get("MUTANT_UNDER_TEST"):
+        for name, mod in list(sys.modules.items()):
+            if name.split(".")[0] == "diagnose":
+                for obj in list(vars(mod).values()):
+                    clear = getattr(obj, "cache_clear", None)
+                    if callable(clear):
+                        clear()
+    yield
+
+
 @pytest.fixture(scope="session")
 def db():
     from diagnose import db as DB
