@@ -63,6 +63,8 @@ def test_a_bad_row_is_refused_with_its_reason(tmp_path, name):
     with pytest.raises(LayerError) as exc:
         _tables(tmp_path, body, version=name != "no-schema-version")
     assert reason in str(exc.value) and "t.yaml" in str(exc.value), str(exc.value)
+    if name == "no-id":  # a row without its id is named "?"
+        assert str(exc.value).startswith("t.yaml: ?: "), str(exc.value)
 
 
 def test_a_row_keeps_every_field_as_written(tmp_path):
@@ -82,6 +84,9 @@ by_context:
     assert tb.frames.search('File "a.py", line 1, in load') and not tb.frames.search('File "a.py", line 1, in LOAD')
     assert tb.source.search("import torch") and tb.message is None and tb.before is None
     assert (c.within, c.basis) == (12, "context") and c.before.search("Saving checkpoint to /x")
+    assert e.within == 0 and tb.within == 0  # only a context row looks back
+    one = _tables(tmp_path / "one", "by_context: [{id: c, signature: MB-GEN-017, before: x, within: 1}]")
+    assert one.by_context[0].within == 1  # one line back is the least
     assert t.rows() == (e, tb, c)
 
 
