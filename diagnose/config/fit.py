@@ -21,7 +21,7 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer-offload fractions tried, lowest 
 
 @dataclass
 class Sizing:
-    """What sizing a config needs besides it (remedy/plan.py's Context carries the same fields)."""
+    """What sizing a config needs besides it (remedy/plan.py's Context extends it)."""
 
     world_size: int | None = None
     gpu: str | None = None

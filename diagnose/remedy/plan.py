@@ -26,6 +26,7 @@ from ..config.fit import (  # noqa: F401 - the planner's names for the fit facts
     FRACTIONS,
     Estimate,
     NoFix,
+    Sizing,
     _est,
     _get,
     _int,
@@ -57,16 +58,11 @@ def slowdown(fraction: float, overlap: bool = False) -> float:
 
 # --- context and results ---------------------------------------------------------------------
 @dataclass
-class Context:
-    """What a computed fix may use besides the config."""
+class Context(Sizing):
+    """What a computed fix may use besides the config: the sizing facts (config/fit.py: world
+    size, GPU, the OOM's proven need and the failed run's config), and these."""
 
-    world_size: int | None = None
-    gpu: str | None = None
-    gpu_memory_gb: float | None = None
-    gpus_per_node: int = 8
     captures: dict = field(default_factory=dict)  # the root-cause hit's regex captures
-    failed_cfg: RunConfig | None = None  # the config of the run that failed (from its log)
-    observed_need_gb: float | None = None  # at least this much was needed (OOM line)
     world_inferred: bool = False  # world_size read from the ranks a log shows (a lower bound, rounded up)
     resume: RS.Resume | None = None  # what the next run loads (remedy/resume.py); None: not known
     # proves a candidate config before it is shown: megatron-core's own checks (config/mcore.py)
