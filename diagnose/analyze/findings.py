@@ -1,15 +1,10 @@
 """Hits -> findings: all hits of one signature, counted per rank, bounded in memory."""
 from __future__ import annotations
 
-import re
 from collections import Counter
 
-from ..logs.lines import split_prefix
+from ..logs.lines import starts_cpp_record
 from ..model import Finding, Hit, Role, Signature
-
-# a line that starts a C++ (glog-style) log record: "[E ProcessGroupNCCL.cpp:456] ", or
-# "[E1130 10:58:34.718000 4242 ProcessGroupNCCL.cpp:1234] " once logs/lines.py took off its date
-_RECORD = re.compile(r"^(?:\[?[IWEF] )?\w+\.(?:cpp|cc|h|hpp):\d+\] ")
 
 MAX_SAMPLES = 20
 MAX_LINES = 200_000  # (file, line) of root / cascade hits kept to tell explained exceptions from the rest
@@ -38,7 +33,7 @@ class Findings:
         # one rank's unknown error does not explain that error); not advice or a launcher's
         # summary (a confirmation names no cause). (file, line, a consequence's own record)
         if len(self.lines) < MAX_LINES and sig.role in (Role.ROOT, Role.CASCADE):
-            record = sig.role == Role.CASCADE and _RECORD.match(split_prefix(hit.text)[1]) is not None
+            record = sig.role == Role.CASCADE and starts_cpp_record(hit.text)
             self.lines.add((hit.file, hit.line, record))
         if hit.rank in f.ranks or len(f.ranks) < MAX_RANKS:
             f.ranks[hit.rank] += 1

@@ -59,6 +59,16 @@ _TS = [
 ]
 
 
+# a line that starts a C++ (glog-style) log record: "[E ProcessGroupNCCL.cpp:456] ", or
+# "[E1130 10:58:34.718000 4242 ProcessGroupNCCL.cpp:1234] " once its date is taken off (_PREFIXES)
+_CPP_RECORD = re.compile(r"^(?:\[?[IWEF] )?\w+\.(?:cpp|cc|h|hpp):\d+\] ")
+
+
+def starts_cpp_record(line: str) -> bool:
+    """Does ``line`` (launcher prefixes and all) start a C++ log record of its own?"""
+    return _CPP_RECORD.match(split_prefix(line)[1]) is not None
+
+
 def strip_ansi(s: str) -> str:
     return ANSI.sub("", s) if "\x1b" in s else s
 
