@@ -97,6 +97,8 @@ def slow_part_note(root, structure) -> str | None:
     if root.finding.signature.category not in SLOW:
         return None
     got = structure.evidence.get("timer_attribution")
+    if got and got[2] in root.hit.text:
+        return None  # the evidence line is that attribution already
     if got:
         return f"where the time goes (timers, {got[0].rsplit('/', 1)[-1]}:{got[1]}): {got[2]}"
     if root.finding.signature.category == "slow_optimizer_offload":
