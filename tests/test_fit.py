@@ -65,9 +65,23 @@ def test_an_oom_the_log_proved_scales_every_estimate():
     assert e.calibrated and e.peak_gb == pytest.approx(need) and e.per_gpu_gb == pytest.approx(base.per_gpu_gb * 1.5)
     assert e.capacity_gb == base.capacity_gb and e.margin_gb == base.margin_gb and e.host_gb == base.host_gb
     assert e.fits is (need + base.margin_gb <= base.capacity_gb)
+    assert e.notes == base.notes and e.pinned_gb == base.pinned_gb  # calibration scales memory only
+    # a need just under the capacity: it fits only without the model's margin, so it does not fit
+    need = base.capacity_gb - base.margin_gb / 2
+    e = F._est(c, F.Sizing(world_size=16, observed_need_gb=need, failed_cfg=c))
+    assert e.calibrated and e.peak_gb == pytest.approx(need) and e.fits is False
     # a need the model already predicts (or more than) calibrates nothing
     assert not F._est(c, F.Sizing(world_size=16, observed_need_gb=base.peak_gb, failed_cfg=c)).calibrated
     assert not F._est(c, F.Sizing(world_size=16, observed_need_gb=base.peak_gb * 0.5, failed_cfg=c)).calibrated
+
+
+def test_the_gpu_given_is_the_capacity_used():
+    c = cfg()
+    h100 = F.estimate(c, F.Sizing(world_size=16))
+    a100 = F.estimate(c, F.Sizing(world_size=16, gpu="A100-40"))
+    small = F.estimate(c, F.Sizing(world_size=16, gpu_memory_gb=30.0))
+    assert a100.peak_gb == pytest.approx(h100.peak_gb) and a100.capacity_gb < h100.capacity_gb
+    assert small.capacity_gb < a100.capacity_gb and not small.fits
 
 
 def test_a_config_the_model_cannot_size_is_no_fix_with_the_reason():
