@@ -65,7 +65,11 @@ _CPP_RECORD = re.compile(r"^(?:\[?[IWEF] )?\w+\.(?:cpp|cc|h|hpp):\d+\] ")
 
 
 def starts_cpp_record(line: str) -> bool:
-    """Does ``line`` (launcher prefixes and all) start a C++ log record of its own?"""
+    """Does ``line`` (launcher prefixes and all) start a C++ log record of its own? (Asked of
+    every consequence's hit: a line without a source location "file.cpp:N] " is answered without
+    splitting its prefixes.)"""
+    if "] " not in line or not any(ext in line for ext in (".cpp:", ".cc:", ".h:", ".hpp:")):
+        return False
     return _CPP_RECORD.match(split_prefix(line)[1]) is not None
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .lines import clean, prefix_key, split_prefix, strip_ansi, timestamp
+from .lines import clean, prefix_key, split_prefix, timestamp
 
 MAX_SERIES = 50_000  # iteration points kept (then decimated by 2): ~1.2 KB each, so <= 60 MB
 MAX_RECORDS = 200  # tracebacks, exceptions, memory reports kept
@@ -800,8 +800,8 @@ def config_blocks_of_text(text: str, name: str) -> list:
     them, without the signature scan: what ``--config LOG`` needs (config/load.py)."""
     s = Structure()
     open_blocks: list = []
-    for no, raw in enumerate(text.splitlines(), start=1):
-        line = strip_ansi(raw.rstrip("\r"))
+    for no, raw in enumerate(text.encode("utf-8", "surrogateescape").split(b"\n"), start=1):
+        line = clean(raw)  # as the scan decodes a line (a progress bar's CR, ANSI codes, NULs)
         open_blocks = [b for b in open_blocks if b.feed_text(line, no)]
         for key in CONFIG_KEYS:
             block = BLOCKS[key]
