@@ -144,6 +144,9 @@ LAYER_CASES = [
     ("r6-config-import-nan/004_ms-swift-grpo-world-size-not-equal-tp-x-pp.log", "config_divisibility", "exception"),
     ("r6-memory-speed/019_verl-vllm-sleep-pin-memory-allocation-cut.log", "host_oom", "traceback"),
     ("r6-dist-ckpt/021_trlx-ppo-rank-crash-then-watchdog-timeouts.log", "other", "exception"),
+    # a traceback cut at the schedule's call of finalize_model_grads (Megatron's NaN check of
+    # the gradient buckets)
+    ("runtime/008_slime-qwen3-32b-unexpected-nan-frames.log", "loss_nan", "traceback"),
 ]
 
 
