@@ -93,7 +93,14 @@ RESUME = {"checkpoint__load": "/ckpt/qwen3", "checkpoint__save": "/ckpt/qwen3", 
 CASES = [
     ("seed-16-fresh", seed(), f"{FRESH}\n{OOM}", 16, None, "plan"),
     ("seed-8-fresh", seed(), f"{FRESH}\n{OOM}", 8, None, "plan"),
-    ("seed-4-fresh-nothing-fits", seed(), f"{FRESH}\n{OOM}", 4, None, "refused"),
+    # nothing fits at TP2 on 4 GPUs: TP4 + full recompute + 100 % optimizer offload does
+    ("seed-4-fresh-tp4-recompute-full-offload", seed(), f"{FRESH}\n{OOM}", 4, None, "plan"),
+    ("seed-2-fresh-nothing-fits", seed(), f"{FRESH}\n{OOM}", 2, None, "refused"),
+    # a TP move under MoE with EP turns sequence parallelism on (MCore requires it)
+    ("seed-finetune-8-sp-off-tp-move", seed(checkpoint__pretrained_checkpoint="/hf/qwen3", model__sequence_parallel=False),
+     f"{FRESH}\n{OOM}", 8, "0.5.1", "plan"),
+    # the checkpoint is resumed with dp_reshardable optimizer state: no TP or EP move either
+    ("seed-4-resumed-dp-reshardable-no-moves", seed(**RESUME), f"{RESUMED}\n{OOM}", 4, None, "refused"),
     ("seed-resumed-dp-reshardable", seed(**RESUME), f"{RESUMED}\n{OOM}", 16, None, "plan"),
     ("seed-resumed-fully-reshardable", seed(**RESUME, checkpoint__dist_ckpt_optim_fully_reshardable=True),
      f"{RESUMED}\n{OOM}", 16, None, "plan"),
@@ -243,12 +250,17 @@ def test_a_fresh_run_that_died_before_saving_takes_the_layout_change(db):
 
 
 def _offload_refused_recompute_planned(p) -> str:
-    """The plan turns no optimizer offload on, fits by full recompute instead, and says why
-    offload was refused; returns the search's account."""
+    """The plan turns no optimizer offload on: nothing fits at the run's own TP; of TP4 (x1.10,
+    a rule of thumb) and full recompute (x1.33), TP4 + PP2 is the cheaper; it says why offload
+    was refused and what else fits; returns the search's account."""
     e = _edits(p)
-    assert e.get("optimizer.optimizer_cpu_offload") is not True and e["model.recompute_granularity"] == "full"
+    assert e.get("optimizer.optimizer_cpu_offload") is not True and "model.recompute_granularity" not in e
+    assert e["model.tensor_model_parallel_size"] == 4 and e["model.pipeline_model_parallel_size"] == 2
     text = " ".join(f.reason or "" for f in p.fixes) + " " + PL.describe(p)
-    assert "MB-OFF-039" in text and "without recompute" in text and "full recompute x1.33" in text
+    assert "MB-OFF-039" in text and "at the run's own TP and EP: no layout" in text
+    assert "TP2 -> TP4 x1.10 (a rule of thumb, not measured)" in text
+    assert "also fit: PP2 + no optimizer offload + full recompute x1.34" in text
+    assert "iteration time x1.10 of the failed run's" in text  # the predicted effect says it too
     return text
 
 
@@ -291,11 +303,56 @@ def test_a_bridge_version_printed_in_the_log_decides_offload_on_a_fine_tune(db):
 
 def test_full_recompute_under_ep_a2a_overlap_is_refused_by_megatron_core(db):
     """Where nothing fits but full recompute, and the run overlaps the MoE all-to-all (MCore
-    refuses full recompute with it): no plan, and both searches say why."""
+    refuses full recompute with it): no plan, and every search says why (TP4 does not fit either)."""
     _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3", model__overlap_moe_expert_parallel_comm=True,
                                  model__moe_token_dispatcher_type="alltoall", model__bf16=True), f"{FRESH}\n{OOM}", 8, None)
     assert not p.edits and "with full recompute, no layout or offload setting passes" in reasons(p)
     assert "megatron-core refuses it" in reasons(p).split("with full recompute")[1]
+    assert "with TP4, no layout or offload setting passes: TP4 + PP1: 99.2 GB does not fit" in reasons(p)
+
+
+def test_a_model_parallel_move_is_tried_only_where_the_runs_own_layout_fits_nothing(db):
+    """16 GPUs: PP2 fits at TP2 (no move); 4 GPUs: nothing fits at TP2, TP4 with full recompute
+    and 100 % optimizer offload does, its cost said part by part; 2 GPUs: nothing at all."""
+    _, _, p = plan_case(db, seed(), f"{FRESH}\n{OOM}", 16, None)
+    assert "model.tensor_model_parallel_size" not in _edits(p) and "at the run's own TP" not in PL.describe(p)
+    _, _, p = plan_case(db, seed(), f"{FRESH}\n{OOM}", 4, None)
+    e = _edits(p)
+    assert e["model.tensor_model_parallel_size"] == 4 and e["model.recompute_granularity"] == "full"
+    assert e["optimizer.optimizer_offload_fraction"] == 1.0
+    assert "TP4 + PP1 + 100% optimizer offload + full recompute" in PL.describe(p)
+    assert "x6.16: TP2 -> TP4 x1.10" in PL.describe(p)
+    _, _, p = plan_case(db, seed(), f"{FRESH}\n{OOM}", 2, None)
+    assert not p.edits and "with TP" not in reasons(p)  # TP4 does not fit 2 GPUs: no move tried
+
+
+def test_a_tp_move_under_moe_and_ep_turns_sequence_parallel_on(db):
+    _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3", model__sequence_parallel=False),
+                        f"{FRESH}\n{OOM}", 8, "0.5.1")
+    e = _edits(p)
+    assert e["model.tensor_model_parallel_size"] == 4 and e["model.sequence_parallel"] is True
+
+
+def test_a_resumed_dp_reshardable_checkpoint_takes_no_tp_or_ep_move(db):
+    """The next run resumes a dp_reshardable optimizer state: a TP or EP change cannot load it,
+    so the moves are rejected with MCore's reason, as a PP change is (4 GPUs: only TP4 fits, see
+    above; resumed, nothing does)."""
+    _, _, p = plan_case(db, seed(**RESUME), f"{RESUMED}\n{OOM}", 4, None)
+    assert not p.edits
+    assert "with TP4, no layout or offload setting passes: TP4 + PP1: the run resumes" in reasons(p)
+    assert "(TP, PP) (2, 1) -> (4, 1) is 'not supported for DistributedOptimizer" in reasons(p)
+
+
+def test_an_ep_change_of_a_dp_reshardable_checkpoint_is_blocked():
+    r = RS.Resume(loads=True, optimizer_state=True, weights_only=False, ckpt_distopt=True, ckpt_fully_reshardable=False,
+                  ckpt_layout=None, bridge_version=None, source="", evidence="")
+    before = RunConfig(seed())
+    why = RS.blocks(r, before, PL.with_changes(before, [("model.expert_model_parallel_size", 8)]))
+    assert why and "EP4 -> EP8" in why and "dp_reshardable" in why
+    why = RS.blocks(r, before, PL.with_changes(before, [("model.tensor_model_parallel_size", 4)]))
+    assert why and "(TP, PP) (2, 1) -> (4, 1)" in why
+    r.ckpt_fully_reshardable = True
+    assert RS.blocks(r, before, PL.with_changes(before, [("model.expert_model_parallel_size", 8)])) is None
 
 
 def test_ep_a2a_overlap_never_gets_pp_without_vpp(db):
@@ -343,6 +400,6 @@ def test_checkpoints_own_run_config_is_read(db, tmp_path):
     (it / "run_config.yaml").write_text(yaml.safe_dump(saved))
     cfg = RunConfig(seed(**{**RESUME, "checkpoint__load": str(ckpt)}))
     r = RS.read(cfg, SimpleNamespace(resume=[("x", 1, "loaded", 500)], peaks={}))
-    assert r.ckpt_layout == (2, 1) and "iter_0000500" in r.source and r.optimizer_state
+    assert r.ckpt_layout == (2, 1, 4) and "iter_0000500" in r.source and r.optimizer_state
     after = PL.with_changes(cfg, [("model.pipeline_model_parallel_size", 2)])
     assert "dp_reshardable" in RS.blocks(r, cfg, after)

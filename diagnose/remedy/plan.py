@@ -16,6 +16,8 @@ factor of optimizer offload from the seed's measured curve.
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,12 @@ from . import resume as RS
 FULL_RECOMPUTE = (("model.recompute_granularity", "full"), ("model.recompute_method", "uniform"),
                   ("model.recompute_num_layers", 1))
 RECOMPUTE_FACTOR = 4 / 3
+# model-parallel moves, tried only where the run's own TP and EP fit nothing: one degree doubled
+# (TP inside one node's NVLink domain). What each doubling costs is a rule of thumb, not measured:
+# TP adds two all-reduces per layer on the critical path; EP sends the all-to-all to more ranks
+NODE_GPUS = 8
+TP_STEP_FACTOR = 1.10
+EP_STEP_FACTOR = 1.05
 
 
 
@@ -119,6 +127,7 @@ class Effect:
     before: Estimate | None = None
     after: Estimate | None = None
     slowdown: float | None = None  # iteration-time factor against no optimizer offload
+    time: tuple | None = None  # (factor, why): predicted iteration time against the failed run's
     text: str | None = None  # the signature's qualitative effect
     notes: list = field(default_factory=list)
 
@@ -133,7 +142,9 @@ class Effect:
                 parts.append(f"host memory {gb(a.host_gb)} per node ({gb(a.pinned_gb)} of it pinned)")
         elif self.after is not None:
             parts.append(f"memory per GPU {gb(self.after.peak_gb)} of {gb(self.after.capacity_gb)}")
-        if self.slowdown is not None:
+        if self.time is not None:
+            parts.append(f"iteration time x{self.time[0]:.2f} of the failed run's ({self.time[1]})")
+        elif self.slowdown is not None:
             parts.append(f"iteration time x{self.slowdown:.1f} from optimizer offload ({offload_curve.SCOPE})")
         if not parts and self.text:
             parts.append(self.text)
@@ -350,10 +361,12 @@ class Candidate:
     time: float  # predicted iteration time, as a factor of the failed run's
     why_time: str
     recompute: bool = False  # full activation recompute turned on
+    move: str = ""  # a model-parallel move (_parallel_moves): "TP4", "EP8"
 
     def label(self) -> str:
         off = "no optimizer offload" if self.fraction is None else f"{int(self.fraction * 100)}% optimizer offload"
-        return f"PP{self.pp} + {off}" + (" + full recompute" if self.recompute else "")
+        return (f"{self.move} + " if self.move else "") + f"PP{self.pp} + {off}" + \
+            (" + full recompute" if self.recompute else "")
 
 
 def pipeline_bubble(cfg: RunConfig, world: int) -> float | None:
@@ -385,13 +398,21 @@ def predicted_time(before: RunConfig, after: RunConfig, world: int) -> tuple[flo
     o0, o1 = off(before), off(after)
     r0, r1 = rec(before), rec(after)
     parts = []
+    moves = 1.0
+    for key, name, step in (("model.tensor_model_parallel_size", "TP", TP_STEP_FACTOR),
+                            ("model.expert_model_parallel_size", "EP", EP_STEP_FACTOR)):
+        d0, d1 = _int(before, key, 1) or 1, _int(after, key, 1) or 1
+        if d0 != d1:
+            factor = step ** math.log2(d1 / d0)
+            moves *= factor
+            parts.append(f"{name}{d0} -> {name}{d1} x{factor:.2f} (a rule of thumb, not measured)")
     if b0 and b1 and abs(bubble - 1) > 1e-3:
         parts.append(f"pipeline bubble x{bubble:.2f}")
     if o1 != o0:
         parts.append(f"optimizer offload x{o1 / o0:.2f} ({offload_curve.SCOPE})")
     if r1 != r0:
         parts.append(f"full recompute x{r1 / r0:.2f} (one more forward pass per step; a rule of thumb, not measured)")
-    return bubble * o1 / o0 * r1 / r0, ", ".join(parts) or "same schedule"
+    return bubble * o1 / o0 * r1 / r0 * moves, ", ".join(parts) or "same schedule"
 
 
 def _pp_changes(cfg: RunConfig, pp: int) -> list:
@@ -434,25 +455,71 @@ def _recompute_possible(cfg: RunConfig, base: list) -> bool:
     return cfg.get("model.recompute_granularity") != "full" and offload is not True
 
 
+def _parallel_moves(cfg: RunConfig, world: int) -> list[tuple[str, list]]:
+    """The model-parallel moves the search may add: TP doubled up to one node (with sequence
+    parallelism, which MCore requires for MoE under TP and EP), EP doubled while it divides
+    the experts. The layout arithmetic and megatron-core decide which of them pass."""
+    lay = layout(cfg, world)
+    moves = []
+    tp = lay["tp"] * 2
+    while tp <= min(NODE_GPUS, world):
+        ch: list[tuple[str, Any]] = [("model.tensor_model_parallel_size", tp)]
+        if _get(cfg, "model.num_moe_experts") and lay["ep"] > 1 and cfg.get("model.sequence_parallel") is not True:
+            ch.append(("model.sequence_parallel", True))
+        moves.append((f"TP{tp}", ch))
+        tp *= 2
+    experts = _get(cfg, "model.num_moe_experts")
+    ep = lay["ep"] * 2
+    while experts and ep <= world and int(experts) % ep == 0:
+        moves.append((f"EP{ep}", [("model.expert_model_parallel_size", ep)]))
+        ep *= 2
+    return moves
+
+
 def search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list) -> tuple[Candidate, str]:
     """Every (PP, optimizer-offload fraction) of ``pps`` x ``fractions`` (None: no offload) on
     top of ``base``: keep those that pass ``prove`` and fit by the memory model, return the one
     with the lowest predicted iteration time (then the smallest PP), and the search's account.
-    Where none fits, the same search with full activation recompute on (FULL_RECOMPUTE)."""
+    Where none fits at the run's own TP and EP, the same search after each model-parallel move
+    (_parallel_moves) and with full activation recompute on (FULL_RECOMPUTE), the cheapest of
+    those by predicted time; where none of those fits either, moves and recompute together."""
     try:
         return _search(cfg, ctx, base, pps, fractions)
     except NoFix as first:
-        if not _recompute_possible(cfg, base):
-            raise
-        try:
-            best, text = _search(cfg, ctx, list(base) + list(FULL_RECOMPUTE), pps, fractions, recompute=True)
-        except NoFix as second:
-            raise NoFix(f"{first}; with full recompute, {second}") from None
-        return best, f"{text}; without recompute: {first}"
+        world = _world(ctx)
+        moves = [m for m in _parallel_moves(cfg, world)
+                 if not any(k == m[1][0][0] for k, _ in base)]  # a move the fix itself does not set
+        recompute = _recompute_possible(cfg, base)
+        found, why = [], []
+        for name, move in moves:
+            try:
+                found.append(_search(cfg, ctx, list(base) + move, pps, fractions, move=name))
+            except NoFix as exc:
+                why.append(f"with {name}, {exc}")
+        if recompute:
+            try:
+                found.append(_search(cfg, ctx, list(base) + list(FULL_RECOMPUTE), pps, fractions, recompute=True))
+            except NoFix as exc:
+                why.append(f"with full recompute, {exc}")
+            if not found:
+                for name, move in moves:
+                    try:
+                        found.append(_search(cfg, ctx, list(base) + move + list(FULL_RECOMPUTE), pps,
+                                             fractions, recompute=True, move=name))
+                    except NoFix as exc:
+                        why.append(f"with {name} and full recompute, {exc}")
+        if not found:
+            raise NoFix("; ".join([str(first)] + why)) from None
+        best, text = min(found, key=lambda bt: (round(bt[0].time, 3), bt[0].recompute, bt[0].pp))
+        others = [f"{c.label()} x{c.time:.2f}" for c, _ in found if c is not best]
+        if others:
+            text += "; also fit: " + ", ".join(others[:3])
+        own = "without recompute" if best.recompute and not best.move else "at the run's own TP and EP"
+        return best, f"{text}; {own}: {first}"
 
 
 def _search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list,
-            recompute: bool = False) -> tuple[Candidate, str]:
+            recompute: bool = False, move: str = "") -> tuple[Candidate, str]:
     world = _world(ctx)
     found, rejected = [], []
     # the failed run died of an OOM that the (uncalibrated) memory model says fits: then only a
@@ -474,7 +541,7 @@ def _search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list
             else:
                 ch = _offload_on(ch, cfg) + [("optimizer.optimizer_offload_fraction", f)]
             after = with_changes(cfg, ch)
-            name = f"PP{pp}" + ("" if f is None else f" + {int(f * 100)}%")
+            name = (f"{move} + " if move else "") + f"PP{pp}" + ("" if f is None else f" + {int(f * 100)}%")
             why = prove(cfg, after, ctx, world, mcore=False)  # the cheap checks first
             if why is None:
                 e = _est(after, ctx)
@@ -491,7 +558,7 @@ def _search(cfg: RunConfig, ctx: Context, base: list, pps: list, fractions: list
                 rejected.append(f"{name}: {why}")
                 continue
             t, why_t = predicted_time(cfg, after, world)
-            found.append(Candidate(ch, pp, f, e, t, why_t, recompute))
+            found.append(Candidate(ch, pp, f, e, t, why_t, recompute, move))
             break  # a higher fraction at this PP is only slower
     if not found:
         raise NoFix("no layout or offload setting passes: " + "; ".join(_uniq(rejected)[:6]))
@@ -668,6 +735,10 @@ def _effect(cfg: RunConfig, changes: list, ctx: Context, text: str | None) -> Ef
     if after_cfg.get("optimizer.optimizer_cpu_offload") is True:
         eff.slowdown = slowdown(float(_get(after_cfg, "optimizer.optimizer_offload_fraction", 0.0)),
                                 bool(after_cfg.get("optimizer.overlap_cpu_optimizer_d2h_h2d")))
+    if ctx.world_size:
+        t, why = predicted_time(cfg, after_cfg, int(ctx.world_size))
+        if why != "same schedule":
+            eff.time = (t, why)
     try:
         eff.before = _est(cfg, ctx)
         eff.after = _est(after_cfg, ctx)
@@ -836,12 +907,16 @@ def to_json(p: Plan) -> dict:
                               "new": None if e.new is DELETE else e.new, "delete": e.new is DELETE}
                              for e in pf.edits if e.changes],
                    "predicted": {"before": est(pf.effect.before), "after": est(pf.effect.after),
-                                 "slowdown": pf.effect.slowdown, "text": pf.effect.describe()}}
+                                 "slowdown": pf.effect.slowdown,
+                                 "iteration_time": pf.effect.time[0] if pf.effect.time else None,
+                                 "text": pf.effect.describe()}}
                   for pf in p.fixes],
         "refused": [{"signature": r.signature.id, "safety": r.fix.safety, "text": r.fix.text, "reason": r.reason,
                      "edits": [{"key": e.key, "new": None if e.new is DELETE else e.new} for e in r.edits if e.changes],
                      "predicted": {"before": est(r.effect.before), "after": est(r.effect.after),
-                                   "slowdown": r.effect.slowdown, "text": r.effect.describe()}}
+                                   "slowdown": r.effect.slowdown,
+                                 "iteration_time": r.effect.time[0] if r.effect.time else None,
+                                 "text": r.effect.describe()}}
                     for r in p.refused],
         "no_fix": [{"signature": s.id, "reason": why} for s, why in p.no_fix],
         "overrides": p.overrides,

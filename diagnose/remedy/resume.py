@@ -47,7 +47,7 @@ class Resume:
     weights_only: bool  # weights are loaded without their optimizer state (a fine-tune)
     ckpt_distopt: bool | None  # the checkpoint was saved with the distributed optimizer
     ckpt_fully_reshardable: bool | None  # ... in a format that takes a (TP, PP) change
-    ckpt_layout: tuple | None  # (TP, PP) of the checkpoint, where its run_config.yaml says
+    ckpt_layout: tuple | None  # (TP, PP, EP) of the checkpoint, where its run_config.yaml says
     bridge_version: tuple | None
     source: str  # where the checkpoint facts come from
     evidence: str = ""  # the log line that says whether a checkpoint was loaded
@@ -136,7 +136,6 @@ def read(cfg: RunConfig, structure=None, bridge_version: str | None = None,
     distopt = ckpt.get("optimizer.use_distributed_optimizer")
     if distopt is None:
         distopt = ckpt.get("ddp.use_distributed_optimizer")
-    tp, pp = ckpt.get("model.tensor_model_parallel_size"), ckpt.get("model.pipeline_model_parallel_size")
     version_from = "--bridge-version" if bridge_version else ""
     if not bridge_version:  # the version the log printed (pip list, an environment dump)
         from ..logs.structure import version_of
@@ -150,7 +149,7 @@ def read(cfg: RunConfig, structure=None, bridge_version: str | None = None,
         weights_only=weights_only,
         ckpt_distopt=None if distopt is None else distopt is True,
         ckpt_fully_reshardable=ckpt.get("checkpoint.dist_ckpt_optim_fully_reshardable") is True,
-        ckpt_layout=(tp or 1, pp or 1) if rc_path is not None else None,
+        ckpt_layout=_layout(ckpt) if rc_path is not None else None,
         bridge_version=parse_version(bridge_version),
         source=source,
         evidence=evidence,
@@ -159,9 +158,13 @@ def read(cfg: RunConfig, structure=None, bridge_version: str | None = None,
 
 
 def _layout(cfg: RunConfig) -> tuple:
+    """(TP, PP, EP): MCore compares (TP, PP) on resume; an EP change moves experts (and their
+    slice of the flat optimizer buffers) to other ranks, which dp_reshardable does not follow
+    either (the planner treats it as the same kind of change)."""
     return (
         int(cfg.get("model.tensor_model_parallel_size") or 1),
         int(cfg.get("model.pipeline_model_parallel_size") or 1),
+        int(cfg.get("model.expert_model_parallel_size") or 1),
     )
 
 
@@ -177,8 +180,11 @@ def blocks(r: Resume, before: RunConfig, after: RunConfig) -> str | None:
         return (f"the run {r.describe()}{may}: turning the distributed optimizer on cannot load that optimizer "
                 "state; set checkpoint.load_optim=false (fresh Adam moments) or keep the optimizer as it is")
     if new != old and r.ckpt_distopt and not r.ckpt_fully_reshardable:
-        return (f"the run {r.describe()}{may}: (TP, PP) {old} -> {new} is 'not supported for DistributedOptimizer "
-                "with sharding type dp_reshardable'. Either resume once with the old layout and "
+        change = (f"(TP, PP) {old[:2]} -> {new[:2]} is 'not supported for DistributedOptimizer with sharding type "
+                  "dp_reshardable'" if old[:2] != new[:2] else
+                  f"EP{old[2]} -> EP{new[2]} moves the experts' optimizer state to other ranks, which the "
+                  "'dp_reshardable' optimizer checkpoint does not follow")
+        return (f"the run {r.describe()}{may}: {change}. Either resume once with the old layout and "
                 "checkpoint.dist_ckpt_optim_fully_reshardable=true, save, then change the layout; or set "
                 "checkpoint.load_optim=false (the weights reshard; Adam's moments restart from zero, expect a "
                 "loss bump for a few hundred steps while they rebuild)")
