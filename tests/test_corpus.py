@@ -147,6 +147,17 @@ LAYER_CASES = [
     # a traceback cut at the schedule's call of finalize_model_grads (Megatron's NaN check of
     # the gradient buckets)
     ("runtime/008_slime-qwen3-32b-unexpected-nan-frames.log", "loss_nan", "traceback"),
+    # round 7 (dev part): a NaN loss in nanoGPT's iteration line (no colon); the fp16 loss scale
+    # collapsing in DLLogger's parameter lines; an NCCL internal error whose line lost its start;
+    # the DeepSpeed launcher's return code -7 (SIGBUS: /dev/shm); NCCL's shared memory segment
+    # (host memory, not the network); a traceback cut in the HF Trainer's resume (rng state)
+    ("r7-hang-slow/007_nanogpt-gpt2-fp16-v100-loss-nan-after-iter3000.log", "loss_nan", "signature"),
+    ("r7-hang-slow/015_dle-bert-pytorch-amp-loss-scale-collapse.log", "loss_nan", "symptom"),
+    ("r7-runtime/009_lightning-nccl-internal-error-connection-closed.log", "nccl_error", "signature"),
+    ("r7-runtime/013_gpt-neox-deepspeed-launcher-sigbus-exit-7.log", "host_oom", "signature"),
+    ("r7-runtime/018_transformers-deepspeed-nccl-shm-segment-failed.log", "host_oom", "signature"),
+    ("r7-setup-memory/021_nccl-horovod-docker-dev-shm-posix-fallocate-no-space.log", "host_oom", "signature"),
+    ("r7-setup-memory/005_ms-swift-resume-from-checkpoint-load-rng-state.log", "checkpoint_error", "traceback"),
 ]
 
 

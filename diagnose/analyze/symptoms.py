@@ -38,8 +38,9 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   unexplained_exceptions Python exceptions that no signature recognised
   error_findings         error-level findings of the lines and exceptions (diagnosis.analyze)
   overflow_steps         fp16 steps skipped for a gradient overflow (apex, fairseq, DeepSpeed)
-  loss_scale_min         the smallest loss scale those lines set; loss_scale_drops: the longest run
-                         of those lines each setting a lower scale than the one before
+  loss_scale_min         the smallest loss scale those lines set or a metrics line printed
+                         ("loss_scale 128", "loss_scale : 3.7e-09"); loss_scale_drops: the longest
+                         run of those values each lower than the one before
   ends_in_init           1 where every file's output stops inside distributed start-up (process
                          group, NCCL communicator, DDP / pipeline set-up lines: the startup_lines
                          table of signatures/layers/startup.yaml) with no
@@ -121,9 +122,9 @@ def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -
         m.update(change_point(pts, s))
     if t.get("overflow_steps"):
         m["overflow_steps"] = t["overflow_steps"]
-        if peaks.get("loss_scale_min") is not None:
-            m["loss_scale_min"] = -peaks["loss_scale_min"]
-            m["loss_scale_drops"] = max((r.longest for r in s.scale_runs.values()), default=0)
+    if peaks.get("loss_scale_min") is not None:  # set by overflow lines or printed as a metric
+        m["loss_scale_min"] = -peaks["loss_scale_min"]
+        m["loss_scale_drops"] = max((r.longest for r in s.scale_runs.values()), default=0)
     if peaks.get("mem_max_gb") is not None:
         m["mem_max_allocated_gb"] = peaks["mem_max_gb"]
     first = next((r["values"]["alloc_retries"] for r in s.memory if r["values"].get("alloc_retries") is not None), None)

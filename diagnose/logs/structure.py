@@ -59,6 +59,9 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     # fp16 dynamic loss scaling skipped a step (apex amp, fairseq, DeepSpeed, Megatron's scaler)
     "@overflow": ("Gradient overflow.", "overflow detected, setting loss scale to", "OVERFLOW! Rank",
                   "reducing loss scale to"),
+    # a loss scale printed as a metric (fairseq's "loss_scale 128", DLLogger's "loss_scale : 3.7e-09",
+    # a metrics dict): its smallest value, beside the ones overflow lines set (MB-SYM-004)
+    "@loss_scale": ("loss_scale",),
     # whether the run resumed from a checkpoint (Megatron-LM and Bridge print the same lines):
     # the planner must not change the layout under a checkpoint that cannot be resharded
     "@resume": ("successfully loaded checkpoint from", "will not load any checkpoints and will start from random",
@@ -112,6 +115,9 @@ PACE = (
 )
 _TIMER_FIELD = re.compile(r"\|\s*([A-Za-z][\w\-/ ]{0,60}?)\s*:\s*([\d.]+)")
 _NEW_SCALE = re.compile(r"(?:loss scale to:?|reducing to:?)\s*([\d.]+(?:[eE][+-]?\d+)?)")
+# "loss_scale" and its value (not min_loss_scale, loss_scale_window, a config's 0 = dynamic)
+_LOSS_SCALE = re.compile(r"(?<![\w.])loss_scale['\"]?\s{0,3}[:=]?\s{0,3}['\"]?"
+                         r"(\d{1,30}(?:\.\d{0,30})?(?:[eE][-+]?\d{1,4})?)(?![\w.])")
 
 
 _INT = re.compile(r"[+-]?\d+")
@@ -866,15 +872,24 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
         sm = _NEW_SCALE.search(text)
         if sm:
             scale = _num(sm.group(1))
-            if scale is not None and ("loss_scale_min" not in s.peaks or scale < -s.peaks["loss_scale_min"]):
-                s.peaks["loss_scale_min"] = -scale  # peaks keep the largest: the smallest scale, negated
-                s.note("loss_scale_min", file, line, text, replace=True)
+            if scale is not None:
+                _lowest_scale(s, scale, file, line, text)
             if scale is not None:  # consecutive cuts, each lower than the last: the scale collapsing
                 runs = s.scale_runs.get(file)
                 if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
                     runs = s.scale_runs[file] = ScaleRuns()
                 if runs is not None:
                     add_scale(runs, scale)
+    elif key == "@loss_scale":
+        lm = _LOSS_SCALE.search(text[:20000])
+        scale = _num(lm.group(1)) if lm else None
+        if scale:  # 0 is a config's "dynamic", not a scale
+            _lowest_scale(s, scale, file, line, text)
+            runs = s.scale_runs.get(file)
+            if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
+                runs = s.scale_runs[file] = ScaleRuns()
+            if runs is not None and scale != runs.last:  # a scale printed again unchanged is no cut
+                add_scale(runs, scale)
     elif key == "@step_time":
         tm = _STEP_TIME.search(text)
         if tm and len(s.step_times) < MAX_SERIES:
@@ -967,6 +982,12 @@ class ScaleRuns:
     lead: int = 0  # the run the file starts with
     lead_done: bool = False  # whether that first run has ended
     first: float | None = None  # the first scale set
+
+
+def _lowest_scale(s: Structure, scale: float, file: str, line: int, text: str) -> None:
+    if "loss_scale_min" not in s.peaks or scale < -s.peaks["loss_scale_min"]:
+        s.peaks["loss_scale_min"] = -scale  # peaks keep the largest: the smallest scale, negated
+        s.note("loss_scale_min", file, line, text, replace=True)
 
 
 def add_scale(runs: ScaleRuns, scale: float) -> None:

@@ -17,7 +17,6 @@ factor of optimizer offload from the seed's measured curve.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
