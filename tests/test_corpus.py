@@ -158,6 +158,10 @@ LAYER_CASES = [
     ("r7-runtime/018_transformers-deepspeed-nccl-shm-segment-failed.log", "host_oom", "signature"),
     ("r7-setup-memory/021_nccl-horovod-docker-dev-shm-posix-fallocate-no-space.log", "host_oom", "signature"),
     ("r7-setup-memory/005_ms-swift-resume-from-checkpoint-load-rng-state.log", "checkpoint_error", "traceback"),
+    # fairseq's epoch summary with loss_scale 0.000 (below what it prints); DeepSpeed's report of
+    # 1995 skipped steps out of 2000 glued to a tqdm bar
+    ("r4-general/016_fairseq-transformer-zh-en-fp16-epoch28.log", "loss_nan", "symptom"),
+    ("ds-misc/018_hf-t5-11b-ds-loss-zero-skipped.log", "loss_nan", "symptom"),
 ]
 
 

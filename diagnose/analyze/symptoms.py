@@ -38,6 +38,8 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   unexplained_exceptions Python exceptions that no signature recognised
   error_findings         error-level findings of the lines and exceptions (diagnosis.analyze)
   overflow_steps         fp16 steps skipped for a gradient overflow (apex, fairseq, DeepSpeed)
+  skipped_steps          DeepSpeed's count of fp16 steps skipped for an overflow, in its latest
+                         "step=N, skipped=K" report; skipped_step_share: K / N
   loss_scale_min         the smallest loss scale those lines set or a metrics line printed
                          ("loss_scale 128", "loss_scale : 3.7e-09"); loss_scale_drops: the longest
                          run of those values each lower than the one before
@@ -122,6 +124,9 @@ def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -
         m.update(change_point(pts, s))
     if t.get("overflow_steps"):
         m["overflow_steps"] = t["overflow_steps"]
+    if peaks.get("ds_steps"):
+        m["skipped_steps"] = peaks["ds_skipped"]
+        m["skipped_step_share"] = round(peaks["ds_skipped"] / peaks["ds_steps"], 4)
     if peaks.get("loss_scale_min") is not None:  # set by overflow lines or printed as a metric
         m["loss_scale_min"] = -peaks["loss_scale_min"]
         m["loss_scale_drops"] = max((r.longest for r in s.scale_runs.values()), default=0)
@@ -312,4 +317,6 @@ EVIDENCE_FOR = {
     "grad_norm_nan_last": "grad_norm_nan_run",
     "grad_norm_nan_run": "grad_norm_nan_run",
     "loss_jump": "loss_jump",
+    "skipped_steps": "ds_skipped",
+    "skipped_step_share": "ds_skipped",
 }

@@ -62,6 +62,9 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     # a loss scale printed as a metric (fairseq's "loss_scale 128", DLLogger's "loss_scale : 3.7e-09",
     # a metrics dict): its smallest value, beside the ones overflow lines set (MB-SYM-004)
     "@loss_scale": ("loss_scale",),
+    # DeepSpeed's step report ("[Rank 0] step=2000, skipped=1995, lr=..."): fp16 steps it skipped
+    # for an overflow, out of all (MB-SYM-013)
+    "@ds_skipped": (", skipped=",),
     # whether the run resumed from a checkpoint (Megatron-LM and Bridge print the same lines):
     # the planner must not change the layout under a checkpoint that cannot be resharded
     "@resume": ("successfully loaded checkpoint from", "will not load any checkpoints and will start from random",
@@ -115,6 +118,7 @@ PACE = (
 )
 _TIMER_FIELD = re.compile(r"\|\s*([A-Za-z][\w\-/ ]{0,60}?)\s*:\s*([\d.]+)")
 _NEW_SCALE = re.compile(r"(?:loss scale to:?|reducing to:?)\s*([\d.]+(?:[eE][+-]?\d+)?)")
+_DS_SKIPPED = re.compile(r"\bstep=(\d{1,12}), skipped=(\d{1,12})\b")
 # "loss_scale" and its value (not min_loss_scale, loss_scale_window, a config's 0 = dynamic)
 _LOSS_SCALE = re.compile(r"(?<![\w.])loss_scale['\"]?\s{0,3}[:=]?\s{0,3}['\"]?"
                          r"(\d{1,30}(?:\.\d{0,30})?(?:[eE][-+]?\d{1,4})?)(?![\w.])")
@@ -883,13 +887,20 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
     elif key == "@loss_scale":
         lm = _LOSS_SCALE.search(text[:20000])
         scale = _num(lm.group(1)) if lm else None
-        if scale:  # 0 is a config's "dynamic", not a scale
+        if scale == 0 and lm and "." in lm.group(1):
+            scale = 0.0005 * 10 ** -(len(lm.group(1).split(".")[1]) - 3)  # "0.000": below what it prints
+        if scale:  # a bare 0 is a config's "dynamic", not a scale
             _lowest_scale(s, scale, file, line, text)
             runs = s.scale_runs.get(file)
             if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
                 runs = s.scale_runs[file] = ScaleRuns()
             if runs is not None and scale != runs.last:  # a scale printed again unchanged is no cut
                 add_scale(runs, scale)
+    elif key == "@ds_skipped":
+        dm = _DS_SKIPPED.search(text[:20000])
+        if dm and int(dm.group(1)) >= s.peaks.get("ds_steps", -1):  # the latest report counts all
+            s.peaks["ds_steps"], s.peaks["ds_skipped"] = int(dm.group(1)), int(dm.group(2))
+            s.note("ds_skipped", file, line, text, replace=True)
     elif key == "@step_time":
         tm = _STEP_TIME.search(text)
         if tm and len(s.step_times) < MAX_SERIES:
