@@ -98,7 +98,7 @@ class Fix:
     text: str
     safety: str = "safe"
     edits: tuple[Edit, ...] = ()
-    compute: str | None = None  # name of a computed fix (remedy/plan.py) or None
+    compute: str | None = None  # name of a computed fix (remedy/computed.py) or None
     when: str | None = None  # config predicate: the fix applies only when it holds
     effect: str | None = None
 

@@ -23,12 +23,14 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from diagnose.config import fit as FIT
 from diagnose.config.runconfig import RunConfig
 from diagnose.db import load
 from diagnose.diagnosis import diagnose_text
 from diagnose.remedy import causes as C
 from diagnose.remedy import plan as PL
 from diagnose.remedy import resume as RS
+from diagnose.remedy import search as SE
 
 mcore = pytest.importorskip("diagnose.config.mcore")
 if mcore.version() is None:  # pragma: no cover - the tests install megatron-core
@@ -201,16 +203,16 @@ def test_every_plan_is_proved_or_refused_with_a_reason(db, case):
     assert report.root_cause is not None, name
     if p.edits:
         before = report.config
-        after = PL.with_changes(before, [(e.key, None if e.new is PL.DELETE else e.new) for e in p.edits])
+        after = FIT.with_changes(before, [(e.key, None if e.new is PL.DELETE else e.new) for e in p.edits])
         tp = int(after.get("model.tensor_model_parallel_size") or 1)
         pp = int(after.get("model.pipeline_model_parallel_size") or 1)
-        bad = PL.valid_layout(after, world, tp, pp)
+        bad = SE.valid_layout(after, world, tp, pp)
         # nothing the plan brings: a problem the run's own layout already had is another finding
-        assert bad is None or bad == PL.valid_layout(before, world, int(before.get("model.tensor_model_parallel_size") or 1),
+        assert bad is None or bad == SE.valid_layout(before, world, int(before.get("model.tensor_model_parallel_size") or 1),
                                                      int(before.get("model.pipeline_model_parallel_size") or 1)), (name, bad)
         new = refusals(after, db) - refusals(before, db)
         assert not new, (name, new)  # megatron-core 0.16.1 builds the planned config
-        est = PL.estimate(after, ctx)
+        est = FIT.estimate(after, ctx)
         assert est.fits, (name, est)
         res = RS.read(before, report.structure, bridge)
         assert RS.blocks(res, before, after) is None and RS.blocks_offload(res, after) is None, name
@@ -347,12 +349,12 @@ def test_an_ep_change_of_a_dp_reshardable_checkpoint_is_blocked():
     r = RS.Resume(loads=True, optimizer_state=True, weights_only=False, ckpt_distopt=True, ckpt_fully_reshardable=False,
                   ckpt_layout=None, bridge_version=None, source="", evidence="")
     before = RunConfig(seed())
-    why = RS.blocks(r, before, PL.with_changes(before, [("model.expert_model_parallel_size", 8)]))
+    why = RS.blocks(r, before, FIT.with_changes(before, [("model.expert_model_parallel_size", 8)]))
     assert why and "EP4 -> EP8" in why and "dp_reshardable" in why
-    why = RS.blocks(r, before, PL.with_changes(before, [("model.tensor_model_parallel_size", 4)]))
+    why = RS.blocks(r, before, FIT.with_changes(before, [("model.tensor_model_parallel_size", 4)]))
     assert why and "(TP, PP) (2, 1) -> (4, 1)" in why
     r.ckpt_fully_reshardable = True
-    assert RS.blocks(r, before, PL.with_changes(before, [("model.expert_model_parallel_size", 8)])) is None
+    assert RS.blocks(r, before, FIT.with_changes(before, [("model.expert_model_parallel_size", 8)])) is None
 
 
 def test_ep_a2a_overlap_never_gets_pp_without_vpp(db):
@@ -375,10 +377,10 @@ def test_tp_to_one_turns_sequence_parallel_off(db):
 def test_pp_to_one_drops_the_virtual_pipeline_and_a_group_that_followed_pp():
     cfg = RunConfig(seed(model__pipeline_model_parallel_size=2, model__virtual_pipeline_model_parallel_size=2,
                          model__microbatch_group_size_per_vp_stage=2))
-    assert dict(PL._pp_changes(cfg, 1)) == {"model.pipeline_model_parallel_size": 1,
+    assert dict(SE.pp_changes(cfg, 1)) == {"model.pipeline_model_parallel_size": 1,
                                             "model.virtual_pipeline_model_parallel_size": None,
                                             "model.microbatch_group_size_per_vp_stage": None}
-    assert dict(PL._pp_changes(cfg, 4)) == {"model.pipeline_model_parallel_size": 4,
+    assert dict(SE.pp_changes(cfg, 4)) == {"model.pipeline_model_parallel_size": 4,
                                             "model.microbatch_group_size_per_vp_stage": None}  # 48 % (4 x 2) == 0
 
 
@@ -386,7 +388,7 @@ def test_interleaved_schedule_group_is_checked():
     """schedules.py: the micro-batch group per virtual stage must range in [PP, M]."""
     cfg = RunConfig(seed(model__pipeline_model_parallel_size=4, model__virtual_pipeline_model_parallel_size=2,
                          model__microbatch_group_size_per_vp_stage=2))
-    assert "should range in [PP=4" in PL.valid_layout(cfg, 16, 2, 4)
+    assert "should range in [PP=4" in SE.valid_layout(cfg, 16, 2, 4)
 
 
 def test_checkpoints_own_run_config_is_read(db, tmp_path):
@@ -401,5 +403,5 @@ def test_checkpoints_own_run_config_is_read(db, tmp_path):
     cfg = RunConfig(seed(**{**RESUME, "checkpoint__load": str(ckpt)}))
     r = RS.read(cfg, SimpleNamespace(resume=[("x", 1, "loaded", 500)], peaks={}))
     assert r.ckpt_layout == (2, 1, 4) and "iter_0000500" in r.source and r.optimizer_state
-    after = PL.with_changes(cfg, [("model.pipeline_model_parallel_size", 2)])
+    after = FIT.with_changes(cfg, [("model.pipeline_model_parallel_size", 2)])
     assert "dp_reshardable" in RS.blocks(r, cfg, after)

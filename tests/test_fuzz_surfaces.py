@@ -26,6 +26,7 @@ from diagnose.config.runconfig import RunConfig
 from diagnose.launch.follow import Follower
 from diagnose.logs.read import MAX_LINE
 from diagnose.remedy import plan as PL
+from diagnose.remedy import search as SE
 
 FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 COUNTS = Counts()
@@ -49,7 +50,7 @@ LONG = st.integers(1_000, 200_000).map(lambda n: "x" * n)
 # ----------------------------------------------------------------------------- the fix planner
 SEED_CFG = RunConfig(copy.deepcopy(SEED), "seed.yaml")
 FIXABLE = [s for s in FIXABLE
-           if (lambda p: p.fixes or p.refused)(PL.plan([s], SEED_CFG, PL.Context(world_size=16, oom=True), True))]
+           if (lambda p: p.fixes or p.refused)(PL.plan([s], SEED_CFG, SE.Context(world_size=16, oom=True), True))]
 
 PLAN_KEYS = ["model.num_layers", "model.pipeline_model_parallel_size", "model.tensor_model_parallel_size",
              "model.expert_model_parallel_size", "model.context_parallel_size", "model.num_moe_experts",
@@ -91,7 +92,7 @@ def _prop_planner(twists, causes, world, oom, unsafe, need):
     for key, value in twists:
         _set(data, key, value)
     cfg = RunConfig(data, "fuzz.yaml")
-    ctx = PL.Context(world_size=world, oom=oom, observed_need_gb=need)
+    ctx = SE.Context(world_size=world, oom=oom, observed_need_gb=need)
     p = PL.plan(causes, cfg, ctx, allow_unsafe=unsafe)
     assert len(p.fixes) + len(p.refused) + len(p.no_fix) + len(p.advice) >= 1 or not causes
     PL.describe(p)

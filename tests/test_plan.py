@@ -11,12 +11,16 @@ import pytest
 import yaml
 
 from diagnose import exitcodes
+from diagnose.config import fit as FIT
 from diagnose.config.load import load_config
 from diagnose.config.runconfig import RunConfig
 from diagnose.db import load
 from diagnose.diagnosis import diagnose_paths
 from diagnose.remedy import causes as C
+from diagnose.remedy import computed as CO
+from diagnose.remedy import cost as COST
 from diagnose.remedy import plan as PL
+from diagnose.remedy import search as SE
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "fixtures" / "logs" / "seed"
@@ -47,18 +51,18 @@ MEASURED_FACTOR = {0.25: 1.9, 0.5: 2.5, 0.75: 3.2, 1.0: 4.2}
 
 
 def test_slowdown_curve_is_the_seeds_measurement():
-    assert [PL.slowdown(f) for f in (0, 0.25, 0.5, 0.75, 1.0)] == [1.0, 1.9, 2.5, 3.2, 4.2]
-    assert PL.slowdown(1.0, overlap=True) == 3.9
-    assert PL.slowdown(0.375) == pytest.approx(2.2)
+    assert [COST.slowdown(f) for f in (0, 0.25, 0.5, 0.75, 1.0)] == [1.0, 1.9, 2.5, 3.2, 4.2]
+    assert COST.slowdown(1.0, overlap=True) == 3.9
+    assert COST.slowdown(0.375) == pytest.approx(2.2)
 
 
 def test_every_computed_fix_in_the_database_is_implemented(db):
     names = {f.compute for s in db.signatures for f in s.fixes if f.compute}
     assert names, "the database names computed fixes"
-    assert names <= set(PL.COMPUTED), f"not implemented: {sorted(names - set(PL.COMPUTED))}"
+    assert names <= set(CO.COMPUTED), f"not implemented: {sorted(names - set(CO.COMPUTED))}"
     for n in ("offload_layers_in_range", "switch_to_optimizer_offload", "pp_and_optimizer_offload",
               "raise_offload_fraction", "add_pp", "lowest_fitting_offload_fraction", "divisor_pp"):
-        assert n in PL.COMPUTED
+        assert n in CO.COMPUTED
 
 
 def test_unknown_computed_fix_says_no_fix_known(db):
@@ -98,13 +102,13 @@ def test_seed_activation_offload_pp1_oom_at_8_gpus_needs_the_lowest_fitting_frac
     assert pp == 2 and e["optimizer.optimizer_cpu_offload"] is True and e["model.cpu_offloading"] is False
     eff = p.fixes[0].effect
     assert eff.after.fits and eff.slowdown == MEASURED_FACTOR[f]  # the seed's table, not the code's own curve
-    without = PL.with_changes(report.config, [(k, v) for k, v in e.items() if not k.startswith("optimizer.")])
-    assert not PL.estimate(without, ctx).fits  # PP2 without offload does not fit at 8 GPUs
-    lower = [x for x in PL.FRACTIONS if x < f]
+    without = FIT.with_changes(report.config, [(k, v) for k, v in e.items() if not k.startswith("optimizer.")])
+    assert not FIT.estimate(without, ctx).fits  # PP2 without offload does not fit at 8 GPUs
+    lower = [x for x in FIT.FRACTIONS if x < f]
     if lower:  # ... and the next lower fraction does not either
-        cfg = PL.with_changes(report.config, [(k, v) for k, v in e.items() if k != "optimizer.optimizer_offload_fraction"]
+        cfg = FIT.with_changes(report.config, [(k, v) for k, v in e.items() if k != "optimizer.optimizer_offload_fraction"]
                               + [("optimizer.optimizer_offload_fraction", lower[-1])])
-        assert not PL.estimate(cfg, ctx).fits
+        assert not FIT.estimate(cfg, ctx).fits
 
 
 def test_seed_partial_offload_oom_raises_the_fraction(db):
@@ -113,7 +117,7 @@ def test_seed_partial_offload_oom_raises_the_fraction(db):
     e = edits(p)
     assert set(e) == {"optimizer.optimizer_offload_fraction"}
     f = e["optimizer.optimizer_offload_fraction"]
-    assert f in PL.FRACTIONS and f > 0.25
+    assert f in FIT.FRACTIONS and f > 0.25
     eff = p.fixes[0].effect
     assert eff.after.fits and eff.after.calibrated  # scaled on what the OOM line says was needed
     # the log's own numbers, read here by hand: 74.52 GiB allocated by PyTorch + 3.00 GiB tried
@@ -162,7 +166,7 @@ def qwen(tp=2, pp=2, ep=4, fraction=0.25, offload=True, act=False, seq=4096, gbs
 
 def test_partial_offload_else_more_pp(db):
     sig = db.get("MB-OFF-102")
-    ctx = PL.Context(world_size=16, gpu_memory_gb=45.0)
+    ctx = SE.Context(world_size=16, gpu_memory_gb=45.0)
     cfg = qwen()
     p = PL.plan([sig], cfg, ctx)
     # no fraction fits a 45 GB GPU at PP2; the next fix, more PP, is unsafe
@@ -173,39 +177,39 @@ def test_partial_offload_else_more_pp(db):
     assert pp > 2 and 48 % pp == 0 and 16 % (2 * pp) == 0 and p.fixes[0].effect.after.fits
     assert e["optimizer.optimizer_offload_fraction"] > 0.25
     # at PP2 even 100% did not fit
-    assert not PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_offload_fraction", 1.0)]), ctx).fits
+    assert not FIT.estimate(FIT.with_changes(cfg, [("optimizer.optimizer_offload_fraction", 1.0)]), ctx).fits
 
 
 def test_layout_checks():
     cfg = qwen()
-    assert PL.valid_layout(cfg, 16, 2, 2) is None
-    assert PL.valid_layout(cfg, 16, 1, 5) == "TP1 x PP5 x CP1 does not divide 16 GPUs"
-    assert PL.valid_layout(cfg, 20, 1, 5) == "PP5 does not divide 48 layers"
-    assert "global batch" in PL.valid_layout(qwen(gbs=6), 16, 2, 2)
-    assert PL.valid_layout(cfg, 16, 2, 1, ep=3) == "EP3 x ETP1 does not divide the 16 GPUs of a pipeline stage"
+    assert SE.valid_layout(cfg, 16, 2, 2) is None
+    assert SE.valid_layout(cfg, 16, 1, 5) == "TP1 x PP5 x CP1 does not divide 16 GPUs"
+    assert SE.valid_layout(cfg, 20, 1, 5) == "PP5 does not divide 48 layers"
+    assert "global batch" in SE.valid_layout(qwen(gbs=6), 16, 2, 2)
+    assert SE.valid_layout(cfg, 16, 2, 1, ep=3) == "EP3 x ETP1 does not divide the 16 GPUs of a pipeline stage"
 
 
 def test_divisor_fixes():
-    ctx = PL.Context(world_size=16, gpu="h200")
+    ctx = SE.Context(world_size=16, gpu="h200")
     cfg = qwen(pp=3)  # 48 layers: fine; 16 GPUs: TP2 x PP3 does not divide
-    ch, why = PL.divisor_pp(cfg, ctx, [])
+    ch, why = CO.divisor_pp(cfg, ctx, [])
     assert dict(ch)["model.pipeline_model_parallel_size"] == 2 and "PP2" in why
     cfg = qwen(tp=3, pp=1)
-    ch, _ = PL.divisor_tp(cfg, ctx, [])
+    ch, _ = CO.divisor_tp(cfg, ctx, [])
     assert dict(ch)["model.tensor_model_parallel_size"] == 2  # the nearest below that divides heads and GPUs
     cfg = qwen(ep=5, pp=1)
-    ch, _ = PL.divisor_ep(cfg, ctx, [])
+    ch, _ = CO.divisor_ep(cfg, ctx, [])
     assert dict(ch)["model.expert_model_parallel_size"] == 4
-    with pytest.raises(PL.NoFix, match="world size is unknown"):
-        PL.divisor_pp(cfg, PL.Context(), [])
+    with pytest.raises(FIT.NoFix, match="world size is unknown"):
+        CO.divisor_pp(cfg, SE.Context(), [])
 
 
 def test_offload_layers_in_range():
     cfg = RunConfig({"model": {"cpu_offloading": True, "num_layers": 4, "cpu_offloading_num_layers": 4}})
-    ch, _ = PL.offload_layers_in_range(cfg, PL.Context(), [])
+    ch, _ = CO.offload_layers_in_range(cfg, SE.Context(), [])
     assert ch == [("model.cpu_offloading_num_layers", 3)]
     cfg = RunConfig({"model": {"cpu_offloading": True, "num_layers": 4, "cpu_offloading_num_layers": -1}})
-    assert PL.offload_layers_in_range(cfg, PL.Context(), [])[0] == [("model.cpu_offloading_num_layers", 0)]
+    assert CO.offload_layers_in_range(cfg, SE.Context(), [])[0] == [("model.cpu_offloading_num_layers", 0)]
 
 
 def test_config_validation_fixes(db):
@@ -227,7 +231,7 @@ def test_config_validation_fixes(db):
 
 def test_preflight_plan_of_the_tiny_config(db):
     cfg = load_config(str(TINY))
-    p = C.plan_preflight(db, cfg, PL.Context(world_size=2))
+    p = C.plan_preflight(db, cfg, SE.Context(world_size=2))
     assert "MB-OFF-002" in [s.id for s in p.causes]
     e = edits(p)
     assert e["model.cpu_offloading"] is False and e["optimizer.optimizer_cpu_offload"] is True
@@ -237,7 +241,7 @@ def test_preflight_plan_of_the_tiny_config(db):
 def test_preflight_memory_model_plans_the_seed_case(db):
     """No log: the memory model alone says the PP=1 activation-offload config does not fit."""
     cfg = load_config(str(SEED / "qwen3_30b_a3b_activation_offload_pp1_oom.yaml"))
-    p = C.plan_preflight(db, cfg, PL.Context(world_size=16), allow_unsafe=True)
+    p = C.plan_preflight(db, cfg, SE.Context(world_size=16), allow_unsafe=True)
     assert any(s.category == "cuda_oom" or s.id == C.MEMORY_RULE_ID for s in p.causes), p.notes
     e = edits(p)
     assert e.get("model.pipeline_model_parallel_size", 1) > 1 and e["model.cpu_offloading"] is False

@@ -5,7 +5,7 @@ One place for "fits" (the planner's search, the expected-vs-observed offload cos
 analyze/expected.py): config/memory.py sizes a config; this module turns its estimate into a
 verdict with the model's margin, scales it by what an OOM in the log proved was needed, and
 tries the offload fractions lowest first. ``ctx`` is any object with ``world_size``, ``gpu``,
-``gpu_memory_gb``, ``gpus_per_node``, ``observed_need_gb`` and ``failed_cfg`` (remedy/plan.py's
+``gpu_memory_gb``, ``gpus_per_node``, ``observed_need_gb`` and ``failed_cfg`` (remedy/search.py's
 Context).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer-offload fractions tried, lowest 
 
 @dataclass
 class Sizing:
-    """What sizing a config needs besides it (remedy/plan.py's Context extends it)."""
+    """What sizing a config needs besides it (remedy/search.py's Context extends it)."""
 
     world_size: int | None = None
     gpu: str | None = None

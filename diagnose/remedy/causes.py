@@ -17,13 +17,14 @@ import shlex
 
 from .. import predicate as P
 from ..config import memory as mm
+from ..config.fit import NoFix, estimate
 from ..config.layout import LayoutError
 from ..config.layout import of as layout_of
 from ..config.runconfig import RunConfig, from_log_blocks
 from ..db import Database, applies_to
 from ..model import SEVERITY_RANK, Report, Role, Scope, Signature
 from . import plan as PL
-from .plan import Context, NoFix, estimate
+from .search import Context
 
 OOM_ID = "MB-OOM-001"
 
