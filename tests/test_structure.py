@@ -238,6 +238,7 @@ def test_glog_timestamps_take_the_year_of_the_log():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from diagnose.logs import parsers as PA  # noqa: E402
 from diagnose.logs import structure as S  # noqa: E402
 
 _SOUP = st.lists(st.sampled_from(list("ab :|\t-._()/0123456789eE+nN\u00e9\n,=") +
@@ -248,10 +249,10 @@ _SOUP = st.lists(st.sampled_from(list("ab :|\t-._()/0123456789eE+nN\u00e9\n,=") 
 @settings(max_examples=3000, deadline=None)
 @given(_SOUP)
 def test_field_splitters_agree_with_the_field_regexes(text):
-    want = {fm.group(1).strip(): fm.group(2).strip() for fm in S._FIELD.finditer(text)}
-    assert dict(S._split_fields(text, S._ITER_FIELDS)) == want
-    want_mem = [(fm.group(1).strip(), fm.group(2)) for fm in S._MEM_FIELD.finditer(text)]
-    assert dict(S._split_fields(text, S._MEM_FIELDS)) == dict(want_mem)
+    want = {fm.group(1).strip(): fm.group(2).strip() for fm in PA._FIELD.finditer(text)}
+    assert dict(PA._split_fields(text, PA._ITER_FIELDS)) == want
+    want_mem = [(fm.group(1).strip(), fm.group(2)) for fm in PA._MEM_FIELD.finditer(text)]
+    assert dict(PA._split_fields(text, PA._MEM_FIELDS)) == dict(want_mem)
 
 
 def test_grad_norm_runs_of_a_file_read_in_two_parts_merge_to_the_whole():
