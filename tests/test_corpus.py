@@ -80,8 +80,10 @@ def test_the_seen_list_names_test_part_logs_only():
     assert seen and all(parts.get(name) == "test" for name in seen), {n: parts.get(n) for n in seen}
 
 
-# measured (bench/README.md "Generalization"); the target is 0.90 on the test part
-FLOORS = {"dev": 0.75, "test": 0.62}
+# measured (bench/README.md "Generalization"); the target is 0.90 on the test part. The
+# test floor went from 0.62 to 0.61 when round 8 added 20 test-part logs scored 8/20 blind (the
+# part's score is what it is: it is never tuned)
+FLOORS = {"dev": 0.75, "test": 0.61}
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])
@@ -162,6 +164,13 @@ LAYER_CASES = [
     # 1995 skipped steps out of 2000 glued to a tqdm bar
     ("r4-general/016_fairseq-transformer-zh-en-fp16-epoch28.log", "loss_nan", "symptom"),
     ("ds-misc/018_hf-t5-11b-ds-loss-zero-skipped.log", "loss_nan", "symptom"),
+    # round 8 (dev part): torch.multinomial's NaN probabilities (an RL rollout); a c10d store
+    # socket that timed out in a weight-update group; DDP's parameter marked ready twice; an
+    # assertion that a model's weights were not loaded
+    ("r8-rl/014_swift-grpo-kl-nan-multinomial-assert.log", "loss_nan", "signature"),
+    ("r8-rl/019_openr1-vllm-server-weight-sync-socket-timeout-collective-rpc.log", "nccl_timeout", "signature"),
+    ("r8-general/018_transformers-trainer-lora-ddp-variable-marked-ready-twice.log", "config_other", "signature"),
+    ("r8-rl/008_llamafactory-ppo-reward-model-valuehead-not-loaded.log", "checkpoint_error", "exception"),
 ]
 
 
