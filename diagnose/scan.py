@@ -302,12 +302,13 @@ class _LineTable:
     for them: text, line number and launcher prefix of each, and per prefix the indices of its
     lines (Scanner._feed)."""
 
-    __slots__ = ("by_key", "data", "first_line", "pos", "start", "starts", "texts")
+    __slots__ = ("by_key", "cuts", "data", "first_line", "pos", "start", "starts", "texts")
 
     def __init__(self, data: bytes, start: int, first_line: int):
         self.data, self.start, self.first_line = data, start, first_line
         self.pos = start  # where the next line to decode starts
         self.texts: list = []
+        self.cuts: list = []  # where each line's message starts (after its launcher prefixes)
         self.starts: list = []  # byte offset of each line
         self.by_key: dict = {}  # prefix -> indices into texts
 
@@ -321,8 +322,10 @@ class _LineTable:
             if end < 0:
                 end = n
             text = L.clean(data[self.pos:end])
-            self.by_key.setdefault(L.prefix_key(text), []).append(len(self.texts))
+            key, cut = L.key_and_cut(text)
+            self.by_key.setdefault(key, []).append(len(self.texts))
             self.texts.append(text)
+            self.cuts.append(cut)
             self.starts.append(self.pos)
             self.pos = end + 1
         return True
@@ -354,7 +357,7 @@ class _LineTable:
                     return True  # the chunk ended: the block reads on in the next one
                 i = nxt
                 continue
-            if not block.feed_text(self.texts[nxt], self.first_line + nxt):
+            if not block.feed_own(self.texts[nxt][self.cuts[nxt]:], self.first_line + nxt):
                 return False
             i = nxt + 1
 

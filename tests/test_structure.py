@@ -100,6 +100,33 @@ def test_torchrun_block():
     assert [(t.section, t.rank, t.local_rank, t.exitcode) for t in tr] == [("failure", 5, 1, -15), ("root", 4, 0, 1)]
 
 
+def test_a_torchrun_summary_cut_short_ends_after_stray_lines():
+    """A summary whose end the log lost stops being read after MAX_STRAY lines that are no part
+    of it (it read on for 3,000 before): a later summary is read on its own, both records kept."""
+    from diagnose.logs.blocks import TorchrunBlock
+
+    cut = TORCHRUN.split("Root Cause")[0].splitlines()  # Failures only, no closing rule
+    block = TorchrunBlock(S.Structure(), "f", 1, cut[0])
+    assert all(block.feed_text(t, n) for n, t in enumerate(cut[1:], start=2))
+    stray = [block.feed_text(f"step {i}: loss 2.0", 100 + i) for i in range(TorchrunBlock.MAX_STRAY + 5)]
+    assert stray.index(False) == TorchrunBlock.MAX_STRAY  # ends at the first stray line over the limit
+    assert [(t.section, t.rank) for t in block.s.torchrun] == [("failure", 5)]
+    # a summary line between stray lines starts the count again
+    block = TorchrunBlock(S.Structure(), "f", 1, cut[0])
+    for n, t in enumerate(cut[1:], start=2):
+        block.feed_text(t, n)
+    lines = ["x"] * (TorchrunBlock.MAX_STRAY - 1) + ["[2]:"] + ["x"] * (TorchrunBlock.MAX_STRAY - 1)
+    assert all(block.feed_text(t, 200 + i) for i, t in enumerate(lines))
+
+
+def test_the_raise_line_of_a_traceback_does_not_start_a_torchrun_summary():
+    from diagnose.logs.blocks import TorchrunBlock
+
+    assert not TorchrunBlock.wanted(None, "f", 1, "[rank0]:     raise ChildFailedError(")
+    assert not TorchrunBlock.wanted(None, "f", 1, '  File "/x/torch/distributed/run.py", line 3, in ChildFailedError')
+    assert TorchrunBlock.wanted(None, "f", 1, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ")
+
+
 def test_torchrun_root_names_the_rank_of_an_unprefixed_error():
     text = "ValueError: Currently there is no support for Pipeline parallelism with CPU offloading\n" + TORCHRUN
     rep = diagnose_text(text)

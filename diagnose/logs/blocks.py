@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from .anchors import ANCHORS
-from .lines import clean, prefix_key, split_prefix
+from .lines import clean, key_and_cut, prefix_key, split_prefix
 from .parsers import _EXC_LINE
 from .records import (
     MAX_RECORDS,
@@ -28,6 +28,7 @@ _TIMER_LINE = re.compile(r"^\s{2,}([\w\-/ ]+?)\s*\.{2,}\s*:\s*(?:\(\s*([\d.]+),\
 # there when it is dotted (triton.runtime.errors.OutOfResources, queue.Empty) or a builtin one
 _TB_EXC_LINE = re.compile(
     r"^((?:[a-z_][\w]*\.)+[A-Z][a-z]\w*|StopIteration|StopAsyncIteration)(?::\s?(.*))?$")
+_RANK_ENTRY = re.compile(r"\[\d+\]:")
 _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _ARGS_LINE = re.compile(r"^\s+(\S+) \.{3,} (.*)$")
 _SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
@@ -145,10 +146,22 @@ class TracebackBlock(Block):
             del self.frames[8], self.source[8]
 
     def line(self, text, line):
-        if prefix_key(text) != self.key:
+        key, cut = key_and_cut(text)
+        if key != self.key:
             self.others += 1
             return self.others < self.MAX_OTHERS
-        _, msg = split_prefix(text)
+        return self.own(text[cut:], line)
+
+    def feed_own(self, msg: str, line: int) -> bool:
+        """A line of this block's own prefix, the prefix already cut off (``msg``), as the
+        scan's line table hands them over (scan._LineTable); False when the block is done."""
+        self.n += 1
+        if self.n > self.max_lines or not self.own(msg, line):
+            self.finish()
+            return False
+        return True
+
+    def own(self, msg: str, line: int) -> bool:
         stripped = msg.strip()
         self.s.tb_until[(self.file, self.key)] = line
         indent = len(msg) - len(msg.lstrip())
@@ -197,22 +210,29 @@ class FrameBlock(TracebackBlock):
 
     @staticmethod
     def wanted(structure, file, line, first):
-        _, msg = split_prefix(first)
-        if not msg.lstrip().startswith('File "'):
-            return False
-        return structure.tb_until.get((file, prefix_key(first)), 0) < line
+        key, cut = key_and_cut(first)
+        return first[cut:].lstrip().startswith('File "') and structure.tb_until.get((file, key), 0) < line
 
 
 class TorchrunBlock(Block):
     """torchrun's ChildFailedError summary: Failures and Root Cause (first observed failure)."""
 
     max_lines = 3000
+    MAX_STRAY = 20  # lines in a row that are no part of a summary: it was cut, the block ends
+
+    @staticmethod
+    def wanted(structure, file, line, first):
+        """Not the traceback's own lines that name the class (``raise ChildFailedError(``, a
+        frame): the summary starts at the exception line or at "Root Cause"."""
+        msg = split_prefix(first)[1].lstrip()
+        return not msg.startswith(("raise ", "File ", "from ", "import "))
 
     def start(self, first):
         self.section = "root" if "Root Cause" in first else None
         self.cur: TorchrunFailure | None = None
         self.in_tb = False
         self.rules = 0
+        self.stray = 0
 
     def _close(self):
         if self.cur is not None:
@@ -220,6 +240,13 @@ class TorchrunBlock(Block):
         self.cur = None
 
     def line(self, text, line):
+        before = self.stray
+        keep = self._line(text, line)
+        if self.stray == before:  # a line of the summary: the count of stray lines in a row restarts
+            self.stray = 0
+        return keep
+
+    def _line(self, text, line):
         _, msg = split_prefix(text)
         st = msg.strip()
         if st.startswith("====="):
@@ -236,7 +263,7 @@ class TorchrunBlock(Block):
             self._close()
             self.in_tb = False
             return True
-        if re.fullmatch(r"\[\d+\]:", st):
+        if _RANK_ENTRY.fullmatch(st):
             self._close()
             if self.section:
                 self.cur = TorchrunFailure(self.section, file=self.file, line=line)
@@ -263,7 +290,10 @@ class TorchrunBlock(Block):
             if len(self.cur.traceback) < 20000:
                 self.cur.traceback += "\n" + msg
             return True
-        return self.section is not None or self.n < 40  # before "Failures:" the header lines
+        if self.section is None:
+            return self.n < 40  # before "Failures:" the header lines
+        self.stray += 1
+        return self.stray <= self.MAX_STRAY
 
     def finish(self):
         self._close()

@@ -136,16 +136,23 @@ def split_prefix(line: str) -> tuple[int | None, str]:
 def prefix_key(line: str) -> str:
     """The launcher prefix of a line, used to follow one rank's traceback through interleaving
     (remembered: every open traceback reader asks it of the same lines)."""
+    return key_and_cut(line)[0]
+
+
+def key_and_cut(line: str) -> tuple[str, int]:
+    """(prefix_key, where the message starts): ``line[cut:]`` is split_prefix's message, in one
+    pass (the block readers' line table asks both of every line)."""
     key = []
-    rest = line
+    cut = 0
+    match = _ANY_PREFIX.match
     for _ in range(5):
-        m = _ANY_PREFIX.match(rest)
+        m = match(line, cut)
         if m is None:
             break
         if _PREFIX_KIND[m.lastindex][0] != "time":  # a timestamp changes on every line
             key.append(m.group(0).strip())
-        rest = rest[m.end():]
-    return " ".join(key)
+        cut = m.end()
+    return " ".join(key), cut
 
 
 def timestamp(line: str, year: int | None = None) -> float | None:
