@@ -12,6 +12,7 @@ import re
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -28,6 +29,7 @@ from ..remedy import causes as C
 from ..remedy import edit as E
 from ..remedy import plan as PL
 from .common import emit_report, load_settings, machine_from_settings
+from .options import FixOptions, Machine
 
 STATUS_CODE = {"ok": exitcodes.OK, "applied": exitcodes.OK, "nothing": exitcodes.OK,
                "unsafe": exitcodes.UNSAFE_REFUSED, "no_fix": exitcodes.NO_FIX}
@@ -62,9 +64,9 @@ def _snapshot(path: str) -> E.Snapshot:
         raise click.ClickException(str(exc)) from None
 
 
-def _planner(db, world_size, gpu, gpu_memory, allow_unsafe, bridge_version=None):
+def _planner(db, machine: Machine, allow_unsafe, bridge_version=None):
     def planner(report, cfg):
-        ctx = C.context_from_report(report, world_size, gpu, gpu_memory, db, bridge_version)
+        ctx = C.context_from_report(report, machine.world_size, machine.gpu, machine.gpu_memory, db, bridge_version)
         return PL.rebase(PL.plan(C.from_report(report), report.config or cfg, ctx, allow_unsafe), cfg)
     return planner
 
@@ -84,9 +86,10 @@ def _checkpoint_record(path: str) -> bool:
     )
 
 
-def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launcher_kind, launch_cmd,
-            max_attempts, history_path, world_size, gpu, gpu_memory, db, versions, engine, fmt, quiet,
-            bridge_version=None) -> int:
+def run_fix(paths, opts: FixOptions, *, db, versions, engine, fmt, quiet) -> int:
+    fix_path, dry_run, overrides_mode, unsafe, relaunch = (opts.fix_path, opts.dry_run, opts.overrides_mode,
+                                                           opts.unsafe, opts.relaunch)
+    bridge_version = opts.bridge_version
     if relaunch and dry_run:
         raise click.UsageError("--dry-run writes nothing, so it cannot be combined with --relaunch")
     if _checkpoint_record(fix_path):
@@ -95,10 +98,12 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
     st = _settings()
     cfg = _load(fix_path)
     snap = _snapshot(fix_path)
-    launch_cmd = launch_cmd or st.get("launch-cmd")
-    if relaunch and not ((launcher_kind or st.get("launcher")) and launch_cmd):
+    launch_cmd = opts.launch_cmd or st.get("launch-cmd")
+    if relaunch and not ((opts.launcher_kind or st.get("launcher")) and launch_cmd):
         raise click.ClickException(ST.HOWTO)
-    world_size, gpu, gpu_memory, _ = machine_from_settings(st, world_size, gpu, gpu_memory, launch_cmd)
+    m = opts.machine
+    world_size, gpu, gpu_memory, _ = machine_from_settings(st, m.world_size, m.gpu, m.gpu_memory, launch_cmd)
+    machine = Machine(world_size, gpu, gpu_memory)
     report = None
     if paths:
         report = diagnose_paths(paths, db, cfg, engine, versions)
@@ -141,8 +146,7 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
         _err(text, quiet)
 
     if relaunch:
-        return _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind, launch_cmd,
-                         max_attempts, history_path, st, world_size, gpu, gpu_memory, quiet, bridge_version)
+        return _relaunch(db, plan, report, replace(opts, launch_cmd=launch_cmd, machine=machine), st, quiet)
 
     code = STATUS_CODE[plan.status]
     if overrides_mode:
@@ -189,9 +193,10 @@ def run_fix(*, paths, fix_path, dry_run, overrides_mode, unsafe, relaunch, launc
     return code
 
 
-def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind, launch_cmd, max_attempts,
-              history_path, st, world_size, gpu, gpu_memory, quiet, bridge_version=None) -> int:
-    kind = launcher_kind or st.get("launcher")
+def _relaunch(db, plan, report, opts: FixOptions, st, quiet) -> int:
+    fix_path, overrides_mode, launch_cmd, history_path = opts.fix_path, opts.overrides_mode, opts.launch_cmd, \
+        opts.history_path
+    kind = opts.launcher_kind or st.get("launcher")
     if not kind or not launch_cmd:
         raise click.ClickException(ST.HOWTO)
     base = st.folder or Path.cwd()
@@ -215,14 +220,14 @@ def _relaunch(db, plan, report, fix_path, overrides_mode, unsafe, launcher_kind,
         launcher = make_launcher(kind, launch_cmd, sbatch_args=st.get("sbatch-args") or [])
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
-    max_attempts = max_attempts or int(st.get("max-attempts") or 3)
+    max_attempts = opts.max_attempts or int(st.get("max-attempts") or 3)
     if not overrides_mode and not reads_config_file(split_command(launch_cmd), Path(fix_path)):
         overrides_mode = True  # a rewritten file would never reach the job
         _err(f"diagnose: the launch command reads no config file ({Path(fix_path).name} is not in it): the fix "
              "is appended to it as KEY=VALUE overrides and the file is left as it is", quiet)
     loop = LP.RelaunchLoop(db, launcher, None if overrides_mode else Path(fix_path), LP.History(history), log_dir,
-                           max_attempts=max_attempts, use_overrides=overrides_mode, allow_unsafe=unsafe,
-                           planner=_planner(db, world_size, gpu, gpu_memory, unsafe, bridge_version),
+                           max_attempts=max_attempts, use_overrides=overrides_mode, allow_unsafe=opts.unsafe,
+                           planner=_planner(db, opts.machine, opts.unsafe, opts.bridge_version),
                            echo=(lambda s: None) if quiet else (lambda s: click.echo(s, err=True)),
                            load_config=lambda: _load(fix_path))
     try:

@@ -13,6 +13,7 @@ from ..diagnosis import analyze
 from ..parallel import ShardError, merge_partials, read_partial
 from ..report import FORMATS
 from .common import gate_options, load_cfg, load_db
+from .options import ReportOptions
 from .scan import _load_baseline, finish
 
 
@@ -47,4 +48,5 @@ def merge(parts, fmt, output, config_path, fail_on, baseline_path, write_baselin
     except KeyError as exc:  # a signature id this database does not have
         raise click.UsageError(f"the partial results were scanned with another signature database ({exc})") from None
     report = analyze(db, res, cfg, baseline_ms)
-    return finish(report, db, fmt, output, fail_on, baseline, write_baseline, details, color, quiet)
+    return finish(report, db, ReportOptions(fmt, output, fail_on, baseline_path, write_baseline, details, color, quiet),
+                  baseline)

@@ -11,6 +11,7 @@ from .. import exitcodes
 from ..diagnosis import diagnose_paths
 from ..report import FORMATS, get_formatter
 from .common import complete_path_or_command, emit_report, gate_options, load_cfg, load_db, versions_option
+from .options import FixOptions, Machine, ReportOptions
 
 
 def exit_code(report, fail_on: str, baseline=None) -> int:
@@ -116,11 +117,10 @@ def scan(
             formatter = get_formatter(fmt or "text", fail_on=fail_on, color=sys.stdout.isatty() and not output, db=db)
             return run_follow(paths[0], db, load_cfg(config_path), formatter, fail_on, exit_code, quiet,
                               output=output)
-        return run_fix(paths=paths, fix_path=fix_path, dry_run=dry_run, overrides_mode=overrides_mode,
-                       unsafe=unsafe_fixes, relaunch=relaunch, launcher_kind=launcher_kind, launch_cmd=launch_cmd,
-                       max_attempts=max_attempts, history_path=history_path, world_size=world_size, gpu=gpu,
-                       gpu_memory=gpu_memory, db=db, versions=versions_option(mcore_version), engine=eng, fmt=fmt,
-                       quiet=quiet, bridge_version=bridge_version)
+        opts = FixOptions(fix_path, dry_run, overrides_mode, unsafe_fixes, relaunch, launcher_kind, launch_cmd,
+                          max_attempts, history_path, Machine(world_size, gpu, gpu_memory), bridge_version)
+        return run_fix(paths, opts, db=db, versions=versions_option(mcore_version), engine=eng, fmt=fmt,
+                       quiet=quiet)
     if relaunch or dry_run or overrides_mode or unsafe_fixes:
         raise click.UsageError("--relaunch, --dry-run, --overrides and --unsafe-fixes need --fix CFG")
     if not paths:
@@ -153,7 +153,8 @@ def scan(
                 raise click.UsageError(f"--baseline-run {baseline_run}: nothing could be read")
         report = diagnose_paths(paths, db, cfg, None if engine == "auto" else engine, versions_option(mcore_version),
                                 baseline_ms, progress=bar, jobs=jobs, baseline_run=base)
-    return finish(report, db, fmt, output, fail_on, baseline, write_baseline, details, color, quiet)
+    return finish(report, db, ReportOptions(fmt, output, fail_on, baseline_path, write_baseline, details, color, quiet),
+                  baseline)
 
 
 def _load_baseline(path):
@@ -163,9 +164,12 @@ def _load_baseline(path):
         raise click.ClickException(f"baseline: {exc}") from None
 
 
-def finish(report, db, fmt, output, fail_on, baseline, write_baseline, details, color, quiet) -> int:
-    """Report a diagnosis (scan, merge): write the baseline if asked, render, summarise, exit code."""
+def finish(report, db, opts: ReportOptions, baseline) -> int:
+    """Report a diagnosis (scan, merge): write the baseline if asked, render, summarise, exit code.
+    ``baseline`` is the loaded --baseline (or None)."""
     from ..remedy.causes import show_computed_overrides
+
+    fmt, output, fail_on, write_baseline, quiet = opts.fmt, opts.output, opts.fail_on, opts.write_baseline, opts.quiet
 
     show_computed_overrides(report)  # where the root cause's fix is computed, the planner's answer
     if not report.inputs:
@@ -183,8 +187,8 @@ def finish(report, db, fmt, output, fail_on, baseline, write_baseline, details, 
             click.echo(f"diagnose: baseline of {n} finding(s) written to {write_baseline}", err=True)
     fmt = fmt or "text"
     tty = output is None and sys.stdout.isatty()
-    formatter = get_formatter(fmt, fail_on=fail_on, color=tty if color == "auto" else color, db=db,
-                              baseline=baseline, details=details)
+    formatter = get_formatter(fmt, fail_on=fail_on, color=tty if opts.color == "auto" else opts.color, db=db,
+                              baseline=baseline, details=opts.details)
     emit_report(formatter.render(report), output)
     if not quiet and (fmt != "text" or output):
         click.echo(stderr_summary(report, fail_on, baseline, output), err=True)
