@@ -1,0 +1,1 @@
+"""Training configs: reading them, their layout, the memory model, what fits, preflight rules, megatron-core checks."""

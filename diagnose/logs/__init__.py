@@ -1,0 +1,1 @@
+"""Reading logs: bytes to lines, line framing, and the structure parsers and block readers."""

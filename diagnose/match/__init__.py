@@ -1,0 +1,1 @@
+"""Matching signatures against lines: the engine interface and its engines (pure Python, Hyperscan)."""

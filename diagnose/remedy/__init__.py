@@ -1,0 +1,1 @@
+"""Fixes: what to fix, the computed fixes and their search, the plan, resume safety, writing the config."""
