@@ -249,3 +249,135 @@ def test_a_move_the_fix_sets_itself_is_not_tried_again():
     with pytest.raises(FIT.NoFix) as exc:
         SE.search(seed(), ctx(4), base, [1, 2, 4], [None, 1.0])
     assert "with TP4" not in str(exc.value) and "with EP8" not in str(exc.value)
+
+
+# --- what the mutation run of search.py / cost.py found untested ---------------------------------
+@pytest.mark.parametrize("changes, world, tp, pp, why", [
+    ({"model__num_layers": None}, 16, 2, 2, None),  # layers unknown: no layer check
+    ({"model__num_layers": 47, "model__virtual_pipeline_model_parallel_size": 2}, 16, 2, 1, None),  # PP1: none
+    ({"model__expert_tensor_parallel_size": 2}, 4, 2, 1, "EP4 x ETP2 does not divide the 4 GPUs of a pipeline stage"),
+    ({"model__virtual_pipeline_model_parallel_size": 2, "train__global_batch_size": None}, 16, 2, 2, None),
+    ({"model__virtual_pipeline_model_parallel_size": 2, "train__global_batch_size": 10,
+      "model__microbatch_group_size_per_vp_stage": 3}, 8, 2, 2, None),  # 5 % 3 = 2 = PP: allowed
+    ({"model__virtual_pipeline_model_parallel_size": 2, "train__global_batch_size": 8}, 8, 2, 2, None),
+])
+def test_layout_edges(changes, world, tp, pp, why):
+    assert SE.valid_layout(seed(**changes), world, tp, pp) == why
+
+
+def test_the_moves_and_companions_set_the_right_keys():
+    moves = dict(SE.parallel_moves(seed(model__expert_model_parallel_size=2, model__sequence_parallel=False), 8))
+    assert dict(moves["TP4"]) == {"model.tensor_model_parallel_size": 4, "model.sequence_parallel": True}  # EP2 > 1
+    assert moves["EP4"] == [("model.expert_model_parallel_size", 4)]
+    cfg = seed(model__pipeline_model_parallel_size=2, model__virtual_pipeline_model_parallel_size=2)
+    assert dict(SE.companions(cfg, "model.pipeline_model_parallel_size", 1)) == {
+        "model.pipeline_model_parallel_size": 1, "model.virtual_pipeline_model_parallel_size": None}
+    assert CO.COMPUTED["pp_and_optimizer_offload"] is CO.pp_and_optimizer_offload
+    assert CO.COMPUTED["divisor_tp"] is CO.divisor_tp
+
+
+def test_prove_leaves_the_runs_own_layout_problem_to_its_finding():
+    own = seed(model__pipeline_model_parallel_size=3)  # TP2 x PP3 does not divide 16: the run's own problem
+    assert SE.prove(own, FIT.with_changes(own, [("model.cpu_offloading", False)]), ctx(16), 16) is None
+    assert SE.prove(own, FIT.with_changes(own, [("model.tensor_model_parallel_size", 4)]), ctx(16), 16) == \
+        "TP4 x PP3 x CP1 does not divide 16 GPUs"
+
+
+def test_the_world_size_message():
+    with pytest.raises(FIT.NoFix) as exc:
+        SE.world_of(SE.Context(world_size=0))
+    assert str(exc.value) == "the world size is unknown (give --world-size, or a log that shows the ranks)"
+
+
+def test_uniq_keeps_the_first_of_each_reason():
+    assert SE.uniq(["PP1: 9 GB", "PP2: 9 GB", "PP3: x: y", "PP4: x: y", "PP5: z"]) == ["PP1: 9 GB", "PP3: x: y", "PP5: z"]
+    assert SE.uniq(["a", "a", "b"]) == ["a", "b"]
+
+
+def test_the_search_turns_offload_off_where_no_offload_is_tried_and_names_each_candidate():
+    cfg = seed(optimizer__optimizer_cpu_offload=True, optimizer__optimizer_offload_fraction=0.5)
+    changes, text = CO.pp_and_optimizer_offload(cfg, ctx(16), [])
+    assert changes == [("model.cpu_offloading", False), ("model.cpu_offloading_num_layers", 0),
+                       ("model.pipeline_model_parallel_size", 2), ("optimizer.optimizer_cpu_offload", False)]
+    assert "PP2 + no optimizer offload (60.7 GB of 84.9 GB; predicted iteration time x0.40" in text
+    _, text = CO.pp_and_optimizer_offload(seed(), ctx(8), [])
+    assert "rejected: PP1: 109.0 GB does not fit 78.7 GB; PP1 + 25%: 101.3 GB does not fit 78.7 GB; PP1 + 50%: 93.7 GB" \
+        in text
+    _, text = CO.pp_and_optimizer_offload(seed(), ctx(4), [])
+    assert "rejected: TP4 + PP1: 138.5 GB does not fit 78.7 GB; TP4 + PP1 + 25%: 123.3 GB does not fit 78.7 GB" in text
+
+
+def test_the_search_asks_megatron_core_last_and_says_what_it_refused():
+    asked = []
+
+    def validator(c):
+        asked.append(c.get("model.pipeline_model_parallel_size"))
+        return "PP2 refused" if c.get("model.pipeline_model_parallel_size") == 2 else None
+
+    changes, text = CO.pp_and_optimizer_offload(seed(), ctx(16, validator=validator), [])
+    assert dict(changes)["model.pipeline_model_parallel_size"] == 4
+    assert text.endswith("; PP2: megatron-core refuses it: PP2 refused")
+    # megatron-core is asked last: of PP1, only the fraction that fits by the memory model (50 %)
+    assert asked.count(1) == 1
+
+
+def test_the_account_lists_two_next_and_three_rejected():
+    _, text = CO.pp_and_optimizer_offload(seed(), ctx(32), [])
+    assert text == ("searched 144 settings, 4 fit and pass: PP1 + no optimizer offload (74.6 GB of 84.9 GB; predicted "
+                    "iteration time x1.00: same schedule); next: PP2 + no optimizer offload x1.02, PP4 + no optimizer "
+                    "offload x1.02; rejected: PP3: TP2 x PP3 x CP1 does not divide 32 GPUs; PP5: TP2 x PP5 x CP1 does "
+                    "not divide 32 GPUs; PP6: TP2 x PP6 x CP1 does not divide 32 GPUs")
+
+
+def test_moves_that_fail_are_each_said_and_the_first_search_leads():
+    resumed = RS.Resume(loads=True, optimizer_state=True, weights_only=False, ckpt_distopt=True,
+                        ckpt_fully_reshardable=False, ckpt_layout=None, bridge_version=None, source="", evidence="")
+    with pytest.raises(FIT.NoFix) as exc:
+        CO.pp_and_optimizer_offload(seed(), ctx(4, resume=resumed), [])
+    msg = str(exc.value)
+    assert msg.startswith("no layout or offload setting passes: PP1: 154.8 GB does not fit 78.7 GB")
+    assert "; with TP4, no layout or offload setting passes: TP4 + PP1: the run resumes" in msg
+    assert "; with full recompute, no layout or offload setting passes" in msg
+
+
+def test_predicted_time_edges():
+    before = seed()
+    # the overlapped offload curve is another curve
+    # the overlapped offload curve is another curve (measured at 100 %: 3.9 instead of 4.2)
+    on = [("optimizer.optimizer_cpu_offload", True), ("optimizer.optimizer_offload_fraction", 1.0)]
+    over = FIT.with_changes(before, on + [("optimizer.overlap_cpu_optimizer_d2h_h2d", True)])
+    assert COST.predicted_time(before, over, 16)[0] == pytest.approx(3.9)
+    assert COST.predicted_time(before, FIT.with_changes(before, on), 16)[0] == pytest.approx(4.2)
+    # offload on without a fraction: nothing is offloaded
+    assert COST.predicted_time(before, FIT.with_changes(before, on[:1]), 16) == (1.0, "same schedule")
+    # two moves at once multiply
+    both = FIT.with_changes(before, [("model.tensor_model_parallel_size", 4), ("model.expert_model_parallel_size", 8)])
+    t, why = COST.predicted_time(before, both, 16)
+    assert t == pytest.approx(1.10 * 1.05) and why == ("TP2 -> TP4 x1.10 (a rule of thumb, not measured), "
+                                                       "EP4 -> EP8 x1.05 (a rule of thumb, not measured)")
+    # a size the config leaves out is 1
+    no_ep = seed(model__expert_model_parallel_size=None, model__num_moe_experts=None)
+    t, why = COST.predicted_time(no_ep, FIT.with_changes(no_ep, [("model.expert_model_parallel_size", 2)]), 16)
+    assert t == pytest.approx(1.05) and why.startswith("EP1 -> EP2 x1.05")
+    # from a run that already recomputes or offloads: the factors and their text are ratios
+    rec = FIT.with_changes(before, list(COST.FULL_RECOMPUTE))
+    t, why = COST.predicted_time(rec, before, 16)
+    assert t == pytest.approx(0.75) and why.startswith("full recompute x0.75")
+    off = FIT.with_changes(before, [("optimizer.optimizer_cpu_offload", True), ("optimizer.optimizer_offload_fraction", 1.0)])
+    t, why = COST.predicted_time(off, FIT.with_changes(off, [("optimizer.optimizer_offload_fraction", 0.5)]), 16)
+    assert why.startswith(f"optimizer offload x{COST.slowdown(0.5) / COST.slowdown(1.0):.2f} (")
+    # the bubble from PP2 to PP4 is a ratio of two bubbles; unknown bubbles count as none
+    pp2 = seed(model__pipeline_model_parallel_size=2)
+    t, why = COST.predicted_time(pp2, FIT.with_changes(pp2, [("model.pipeline_model_parallel_size", 4)]), 16)
+    # TP2 PP4 at 16 GPUs: DP2, 256 micro-batches; TP2 PP2: DP4, 128
+    assert t == pytest.approx((256 + 3) / 256 / ((128 + 1) / 128)) and why == "pipeline bubble x1.00"
+    nob = seed(train__global_batch_size=None, model__pipeline_model_parallel_size=2)
+    assert COST.predicted_time(nob, FIT.with_changes(nob, [("model.pipeline_model_parallel_size", 4)]), 16) == \
+        (1.0, "same schedule")
+
+
+def test_the_bubble_with_one_micro_batch_and_a_batch_that_does_not_divide():
+    # one micro-batch per pipeline: PP2 waits a whole stage
+    assert COST.pipeline_bubble(seed(model__pipeline_model_parallel_size=2, train__global_batch_size=4), 16) == 2.0
+    # a global batch that does not divide: whole micro-batches only (10 // 4 = 2)
+    assert COST.pipeline_bubble(seed(model__pipeline_model_parallel_size=2, train__global_batch_size=10), 16) == 1.5
