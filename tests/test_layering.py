@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parent.parent / "diagnose"
 
 LAYERS = [
     {"__init__", "model", "predicate", "exitcodes", "errors", "atomic", "settings", "edits", "yamlsafe"},
-    {"db", "sigschema", "logs", "fingerprint", "layer_tables", "data"},
+    {"db", "regex_safety", "sigschema", "logs", "fingerprint", "layer_tables", "data"},
     {"match", "config"},
     {"scan", "parallel", "analyze", "progress"},
     {"diagnosis", "baseline", "compare", "compare_logs"},

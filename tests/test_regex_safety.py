@@ -15,6 +15,7 @@ import time
 import pytest
 
 from diagnose import db as DB
+from diagnose import regex_safety as RS
 from diagnose.logs.read import MAX_LINE
 from diagnose.match.engine import compiled, verify
 
@@ -157,13 +158,13 @@ SAFE = [
 
 @pytest.mark.parametrize("pattern", CATASTROPHIC)
 def test_checker_rejects_catastrophic_shapes(pattern):
-    with pytest.raises(DB.DatabaseError, match=r"catastrophic backtracking|nested unbounded quantifier"):
-        DB.check_regex_safety(pattern)
+    with pytest.raises(RS.RegexSafetyError, match=r"catastrophic backtracking|nested unbounded quantifier"):
+        RS.check_regex_safety(pattern)
 
 
 @pytest.mark.parametrize("pattern", SAFE)
 def test_checker_accepts_safe_shapes(pattern):
-    DB.check_regex_safety(pattern)
+    RS.check_regex_safety(pattern)
 
 
 SLOW_PROBES = {  # shapes the checker refuses, and a probe on which `regex` really does blow up
@@ -184,8 +185,8 @@ def test_rejected_shapes_really_are_slow(pattern):
     """The checker is not refusing for nothing: these shapes time out on a 40-character probe."""
     import regex
 
-    with pytest.raises(DB.DatabaseError):
-        DB.check_regex_safety(pattern)
+    with pytest.raises(RS.RegexSafetyError):
+        RS.check_regex_safety(pattern)
     pat = regex.compile(pattern + r"(?!)")  # never matches: the engine must try every split
     t = time.process_time()
     try:
