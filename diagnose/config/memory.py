@@ -263,6 +263,73 @@ def _stage_layers(L: int, pp: int, vpp: int, stage: int, first: int | None, last
     return out
 
 
+def _attention_params(cfg: RunConfig, h: int, n: int, g: int, d: int, notes: list) -> tuple[int, int]:
+    """One layer's attention parameters: (tensor-parallel sharded, replicated). GQA's q, k, v, o
+    (and their biases; q/k norms replicated), or multi-latent attention's LoRA projections, whose
+    down-projections are replicated."""
+    if cfg.get("model.multi_latent_attention"):
+        ql = _int(cfg, "model.q_lora_rank")
+        kvl = _need(cfg, "model.kv_lora_rank")
+        qk = _int(cfg, "model.qk_head_dim", 128) or 128
+        rope = _int(cfg, "model.qk_pos_emb_head_dim", 64) or 64
+        vd = _int(cfg, "model.v_head_dim", 128) or 128
+        q_up = (ql * n * (qk + rope)) if ql else h * n * (qk + rope)
+        notes.append("multi-latent attention: the q/kv down-projections are counted as replicated")
+        return q_up + kvl * n * (qk + vd) + n * vd * h, (h * ql + ql if ql else 0) + h * (kvl + rope) + kvl
+    attn_tp = h * n * d + 2 * h * g * d + n * d * h
+    if cfg.get("model.add_qkv_bias"):
+        attn_tp += (n + 2 * g) * d
+    return attn_tp, 2 * d if cfg.get("model.qk_layernorm") else 0
+
+
+@dataclass
+class _Bytes:
+    """Bytes per parameter on the GPU, and how the optimizer state is sharded."""
+
+    param: int  # the weight (bf16 2, FP8 1, fp32 4)
+    grad: int  # the gradient buffer
+    master: int  # the optimizer's FP32 master copy (0 for fp32 weights)
+    moments: int  # Adam's m and v
+    f: float  # optimizer-offload fraction (0 without offload), clamped to [0, 1]
+    shard_dense: int  # ranks one dense parameter's optimizer state is split over (1: no distributed optimizer)
+    shard_exp: int  # ... one expert parameter's
+
+
+def _bytes_per_param(cfg: RunConfig, lay: _Layout, notes: list) -> _Bytes:
+    """The dtypes of weights, grads and optimizer states, the offloaded fraction and the
+    distributed optimizer's sharding (the notes say what was assumed)."""
+    param_bytes = 2 if (cfg.get("model.bf16") is not False or cfg.get("model.fp16")) else 4
+    if cfg.get("model.bf16") is False and not cfg.get("model.fp16"):
+        notes.append("fp32 parameters: no separate FP32 master copy")
+    distopt = bool(cfg.get("optimizer.use_distributed_optimizer") or cfg.get("ddp.use_distributed_optimizer"))
+    offload = bool(cfg.get("optimizer.optimizer_cpu_offload"))
+    frac_raw = cfg.get("optimizer.optimizer_offload_fraction", 0.0)
+    frac = float(frac_raw) if isinstance(frac_raw, (int, float)) and not isinstance(frac_raw, bool) else 0.0
+    f = min(max(frac, 0.0), 1.0) if offload else 0.0
+    if param_bytes == 2 and (cfg.get("model.fp8_param") or cfg.get("model.fp8_param_gather")) and cfg.get("model.fp8"):
+        param_bytes = 1  # FP8 parameters (the bf16 copy lives in the optimizer's master)
+        notes.append("FP8 parameters: 1 byte per weight")
+    master = 4 if param_bytes <= 2 else 0
+    moments = 8
+    if cfg.get("optimizer.use_precision_aware_optimizer"):
+        # MCore OptimizerConfig: main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype (fp32 by default)
+        master = _dtype_bytes(cfg.get("optimizer.main_params_dtype"), 4) if param_bytes <= 2 else 0
+        moments = _dtype_bytes(cfg.get("optimizer.exp_avg_dtype"), 4) + _dtype_bytes(
+            cfg.get("optimizer.exp_avg_sq_dtype"), 4
+        )
+        notes.append(f"precision-aware optimizer: master {master} B, Adam moments {moments} B per parameter")
+    # the gradient buffer: fp32 with ddp.grad_reduce_in_fp32 (Bridge's recipes set it), else the
+    # parameters' dtype (MCore's default); not given: fp32, the larger
+    grad_bytes = 2 if (cfg.get("ddp.grad_reduce_in_fp32") is False and param_bytes <= 2) else 4
+    if not distopt:
+        notes.append(f"no distributed optimizer: every GPU holds the full optimizer state "
+                     f"({param_bytes + grad_bytes + master + moments} B/param)")
+    if cfg.get("model.cuda_graph_impl") not in (None, "none") or cfg.get("model.enable_cuda_graph"):
+        notes.append("CUDA graphs: their private memory pools are not counted (measure them)")
+    return _Bytes(param_bytes, grad_bytes, master, moments, f, lay.dp * lay.cp if distopt else 1,
+                  lay.edp if distopt else 1)
+
+
 # --- the estimate --------------------------------------------------------------------------------
 def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = None,
              gpu_memory_gb: float | None = None, gpus_per_node: int = 8) -> MemoryEstimate:
@@ -295,58 +362,15 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
     Vp = int(math.ceil(V / div) * div)
 
     # parameters per layer: (tensor-parallel sharded, replicated, expert-sharded) on one GPU
-    mla = bool(cfg.get("model.multi_latent_attention"))
-    if mla:
-        ql = _int(cfg, "model.q_lora_rank")
-        kvl = _need(cfg, "model.kv_lora_rank")
-        qk = _int(cfg, "model.qk_head_dim", 128) or 128
-        rope = _int(cfg, "model.qk_pos_emb_head_dim", 64) or 64
-        vd = _int(cfg, "model.v_head_dim", 128) or 128
-        q_up = (ql * n * (qk + rope)) if ql else h * n * (qk + rope)
-        attn_tp = q_up + kvl * n * (qk + vd) + n * vd * h
-        attn_rep = (h * ql + ql if ql else 0) + h * (kvl + rope) + kvl
-        notes.append("multi-latent attention: the q/kv down-projections are counted as replicated")
-    else:
-        attn_tp = h * n * d + 2 * h * g * d + n * d * h
-        if cfg.get("model.add_qkv_bias"):
-            attn_tp += (n + 2 * g) * d
-        attn_rep = 2 * d if cfg.get("model.qk_layernorm") else 0
+    attn_tp, attn_rep = _attention_params(cfg, h, n, g, d, notes)
     norms = 2 * h
     dense_mlp = h * ffn * mlp_mats
     experts = E * h * ffn_moe * mlp_mats
     shared_mlp = h * shared * mlp_mats
 
-    param_bytes = 2 if (cfg.get("model.bf16") is not False or cfg.get("model.fp16")) else 4
-    if cfg.get("model.bf16") is False and not cfg.get("model.fp16"):
-        notes.append("fp32 parameters: no separate FP32 master copy")
-    distopt = bool(cfg.get("optimizer.use_distributed_optimizer") or cfg.get("ddp.use_distributed_optimizer"))
-    offload = bool(cfg.get("optimizer.optimizer_cpu_offload"))
-    frac_raw = cfg.get("optimizer.optimizer_offload_fraction", 0.0)
-    frac = float(frac_raw) if isinstance(frac_raw, (int, float)) and not isinstance(frac_raw, bool) else 0.0
-    f = min(max(frac, 0.0), 1.0) if offload else 0.0
-    shard_dense = lay.dp * lay.cp if distopt else 1
-    shard_exp = lay.edp if distopt else 1
-    if param_bytes == 2 and (cfg.get("model.fp8_param") or cfg.get("model.fp8_param_gather")) and cfg.get("model.fp8"):
-        param_bytes = 1  # FP8 parameters (the bf16 copy lives in the optimizer's master)
-        notes.append("FP8 parameters: 1 byte per weight")
-    master = 4 if param_bytes <= 2 else 0
-    moments = 8
-    if cfg.get("optimizer.use_precision_aware_optimizer"):
-        # MCore OptimizerConfig: main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype (fp32 by default)
-        master = _dtype_bytes(cfg.get("optimizer.main_params_dtype"), 4) if param_bytes <= 2 else 0
-        moments = _dtype_bytes(cfg.get("optimizer.exp_avg_dtype"), 4) + _dtype_bytes(
-            cfg.get("optimizer.exp_avg_sq_dtype"), 4
-        )
-        notes.append(f"precision-aware optimizer: master {master} B, Adam moments {moments} B per parameter")
-    # the gradient buffer: fp32 with ddp.grad_reduce_in_fp32 (Bridge's recipes set it), else the
-    # parameters' dtype (MCore's default); not given: fp32, the larger
-    grad_bytes = 2 if (cfg.get("ddp.grad_reduce_in_fp32") is False and param_bytes <= 2) else 4
-    opt_gpu = lambda shard: (master + moments * (1 - f)) / shard  # noqa: E731
-    if not distopt:
-        notes.append(f"no distributed optimizer: every GPU holds the full optimizer state "
-                     f"({param_bytes + grad_bytes + master + moments} B/param)")
-    if cfg.get("model.cuda_graph_impl") not in (None, "none") or cfg.get("model.enable_cuda_graph"):
-        notes.append("CUDA graphs: their private memory pools are not counted (measure them)")
+    by = _bytes_per_param(cfg, lay, notes)
+    param_bytes, grad_bytes, f, shard_dense, shard_exp = by.param, by.grad, by.f, by.shard_dense, by.shard_exp
+    opt_gpu = lambda shard: (by.master + by.moments * (1 - f)) / shard  # noqa: E731
 
     # activations per layer and microbatch (bytes)
     T = s * b / lay.cp
