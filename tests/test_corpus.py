@@ -171,6 +171,10 @@ LAYER_CASES = [
     ("r8-rl/019_openr1-vllm-server-weight-sync-socket-timeout-collective-rpc.log", "nccl_timeout", "signature"),
     ("r8-general/018_transformers-trainer-lora-ddp-variable-marked-ready-twice.log", "config_other", "signature"),
     ("r8-rl/008_llamafactory-ppo-reward-model-valuehead-not-loaded.log", "checkpoint_error", "exception"),
+    # a traceback cut in a resume function (xtuner's load_or_resume); an unknown error right
+    # after Megatron-LM's "loading release checkpoint from ..."
+    ("config-ckpt/027_xtuner-resume-iter-pth-deepspeed.log", "checkpoint_error", "traceback"),
+    ("config-ckpt/002_rlinf-extra-state-missing.log", "checkpoint_error", "context"),
 ]
 
 

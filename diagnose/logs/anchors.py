@@ -34,7 +34,8 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@activity": ("saving checkpoint", "Saving checkpoint", "Saving latest checkpoint", "saving model to",
                   "loading checkpoint", "Loading checkpoint", "loading distributed checkpoint",
                   "Loading distributed checkpoint", "load checkpoint from", "Loading weights",
-                  "loading weights", "Loading model weights", "Converting checkpoint", "converting checkpoint"),
+                  "loading weights", "Loading model weights", "Converting checkpoint", "converting checkpoint",
+                  "loading release checkpoint", "Loading release checkpoint"),
     # fp16 dynamic loss scaling skipped a step (apex amp, fairseq, DeepSpeed, Megatron's scaler)
     "@overflow": ("Gradient overflow.", "overflow detected, setting loss scale to", "OVERFLOW! Rank",
                   "reducing loss scale to"),
