@@ -175,6 +175,13 @@ LAYER_CASES = [
     # after Megatron-LM's "loading release checkpoint from ..."
     ("config-ckpt/027_xtuner-resume-iter-pth-deepspeed.log", "checkpoint_error", "traceback"),
     ("config-ckpt/002_rlinf-extra-state-missing.log", "checkpoint_error", "context"),
+    # round 9 (dev part): Ray's memory-kill report cut after its first words; a traceback cut in
+    # MCore's sharded_state_dict (the optimizer's checkpoint shards); FP8 asked of a GPU below
+    # sm89 (a setting, not the device); torchrun not on the PATH of the job's shell
+    ("r9-memory-numerics/006_llamafactory-ray-host-oom-after-training-405b-offload.log", "host_oom", "wrapper"),
+    ("r9-setup/005_slime-save-ckpt-distrib-optimizer-shape-assert.log", "checkpoint_error", "traceback"),
+    ("r9-setup/012_transformerengine-fp8-on-ampere-rtx3090.log", "config_other", "exception"),
+    ("r9-distributed/012_llamafactory-multinode-sudo-torchrun-not-found.log", "config_other", "signature"),
 ]
 
 
