@@ -22,12 +22,10 @@ from .records import (
     MAX_SERIES,
     IterationPoint,
     NanRuns,
-    ScaleRuns,
     Structure,
-    add_scale,
     add_timer_record,
     add_timers,
-    lowest_scale,
+    scale_seen,
 )
 from .values import is_bad, num
 
@@ -191,28 +189,16 @@ def on_line(s: Structure, key: str, text: str, file: str, line: int):
     elif key == "@overflow":
         s.count("overflow_steps")
         sm = _NEW_SCALE.search(text)
-        if sm:
-            scale = num(sm.group(1))
-            if scale is not None:
-                lowest_scale(s, scale, file, line, text)
-            if scale is not None:  # consecutive cuts, each lower than the last: the scale collapsing
-                runs = s.scale_runs.get(file)
-                if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
-                    runs = s.scale_runs[file] = ScaleRuns()
-                if runs is not None:
-                    add_scale(runs, scale)
+        scale = num(sm.group(1)) if sm else None
+        if scale is not None:  # consecutive cuts, each lower than the last: the scale collapsing
+            scale_seen(s, scale, file, line, text)
     elif key == "@loss_scale":
         lm = _LOSS_SCALE.search(text[:20000])
         scale = num(lm.group(1)) if lm else None
         if scale == 0 and lm and "." in lm.group(1):
             scale = 0.0005 * 10 ** -(len(lm.group(1).split(".")[1]) - 3)  # "0.000": below what it prints
         if scale:  # a bare 0 is a config's "dynamic", not a scale
-            lowest_scale(s, scale, file, line, text)
-            runs = s.scale_runs.get(file)
-            if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
-                runs = s.scale_runs[file] = ScaleRuns()
-            if runs is not None and scale != runs.last:  # a scale printed again unchanged is no cut
-                add_scale(runs, scale)
+            scale_seen(s, scale, file, line, text, printed=True)
     elif key == "@ds_skipped":
         dm = _DS_SKIPPED.search(text[:20000])
         if dm and int(dm.group(1)) >= s.peaks.get("ds_steps", -1):  # the latest report counts all

@@ -254,10 +254,18 @@ class ScaleRuns:
     first: float | None = None  # the first scale set
 
 
-def lowest_scale(s: Structure, scale: float, file: str, line: int, text: str) -> None:
+def scale_seen(s: Structure, scale: float, file: str, line: int, text: str, printed: bool = False) -> None:
+    """A loss scale one line of ``file`` sets (an overflow line's cut) or, ``printed``, shows as a
+    metric: the smallest one, and the file's runs of cuts (a printed scale repeated unchanged is
+    no cut)."""
     if "loss_scale_min" not in s.peaks or scale < -s.peaks["loss_scale_min"]:
         s.peaks["loss_scale_min"] = -scale  # peaks keep the largest: the smallest scale, negated
         s.note("loss_scale_min", file, line, text, replace=True)
+    runs = s.scale_runs.get(file)
+    if runs is None and len(s.scale_runs) < MAX_GRAD_NORM_FILES:
+        runs = s.scale_runs[file] = ScaleRuns()
+    if runs is not None and not (printed and scale == runs.last):
+        add_scale(runs, scale)
 
 
 def add_scale(runs: ScaleRuns, scale: float) -> None:
