@@ -83,7 +83,7 @@ def test_the_seen_list_names_test_part_logs_only():
 # measured (bench/README.md "Generalization"); the target is 0.90 on the test part. The
 # test floor went from 0.62 to 0.61 when round 8 added 20 test-part logs scored 8/20 blind (the
 # part's score is what it is: it is never tuned)
-FLOORS = {"dev": 0.75, "test": 0.61}
+FLOORS = {"dev": 0.77, "test": 0.61}
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])
@@ -182,6 +182,12 @@ LAYER_CASES = [
     ("r9-setup/005_slime-save-ckpt-distrib-optimizer-shape-assert.log", "checkpoint_error", "traceback"),
     ("r9-setup/012_transformerengine-fp8-on-ampere-rtx3090.log", "config_other", "exception"),
     ("r9-distributed/012_llamafactory-multinode-sudo-torchrun-not-found.log", "config_other", "signature"),
+    # output that stops before a first step, warnings after it: Lightning's sanity-check bar at
+    # 0/?, an epoch bar at 0/N with a UserWarning and its source line after it, composer's
+    # "Spinning the dataloaders" with a streaming WARNING after it
+    ("nemo-bridge/007_llama2-sft-pp2-hang-sanity-check.log", "hang", "symptom"),
+    ("r7-hang-slow/005_opensora-colossalai-stuck-epoch0-jit-cpu-adam.log", "hang", "symptom"),
+    ("ds-misc/006_llmfoundry-stuck-spinning-dataloaders.log", "hang", "symptom"),
 ]
 
 

@@ -43,9 +43,10 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
   loss_scale_min         the smallest loss scale those lines set or a metrics line printed
                          ("loss_scale 128", "loss_scale : 3.7e-09"); loss_scale_drops: the longest
                          run of those values each lower than the one before
-  ends_in_init           1 where every file's output stops inside distributed start-up (process
-                         group, NCCL communicator, DDP / pipeline set-up lines: the startup_lines
-                         table of signatures/layers/startup.yaml) with no
+  ends_in_init           1 where every file's output stops inside start-up (process
+                         group, NCCL communicator, DDP / pipeline set-up, the lines before a first
+                         step, a training bar at step 0: the startup_lines table of
+                         signatures/layers/startup.yaml; warnings after it skipped) with no
                          iteration, step, exception or failed worker anywhere: a start-up hang
   offload_fraction       the config's optimizer-offload fraction, where offload is on and more
                          is offloaded than fits needs (analyze/expected.py); offload_fraction_fits:
@@ -181,12 +182,35 @@ def ends_in_init(s: Structure, startup_line) -> bool:
     last = None
     for file, tail in s.tails.items():
         words = [(line, text) for line, text in tail if _WORDS.search(text)]  # not "-----"
-        if not words or not startup_line(words[-1][1]):
+        end = last_progress(words, startup_line)
+        if end is None:
             return False
-        last = (file, *words[-1])
+        last = (file, *words[end])
     if last is not None:
         s.note("ends_in_init", *last)
     return True
+
+
+# Lines printed while a job waits that say nothing of its progress: Python warnings (the
+# "file.py:N: SomeWarning: ..." line and the source line Python prints under it), logging and
+# glog warning lines. Output that ends on them after a start-up line still ends in start-up.
+_WARNING = re.compile(r"\b\w*Warning\b:|^warnings\.warn\(|\[NeMo W |^W\d{4} |\bWARNING\b")
+_PY_WARNING = re.compile(r"\.py:\d+: \w*Warning:")
+
+
+def last_progress(words: list, startup_line):
+    """The index in ``words`` ((line, text) of a file's end) of the start-up line the file stops
+    on, warnings after it skipped; None where the file stops on anything else."""
+    i = len(words) - 1
+    while i >= 0:
+        text = words[i][1]
+        if startup_line(text):
+            return i
+        # a warning, or the source line Python prints under one
+        if not (_WARNING.search(text) or (i > 0 and _PY_WARNING.search(words[i - 1][1]))):
+            return None
+        i -= 1
+    return None
 
 
 def timer_shares(s: Structure) -> dict:
