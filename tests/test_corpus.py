@@ -188,6 +188,10 @@ LAYER_CASES = [
     ("nemo-bridge/007_llama2-sft-pp2-hang-sanity-check.log", "hang", "symptom"),
     ("r7-hang-slow/005_opensora-colossalai-stuck-epoch0-jit-cpu-adam.log", "hang", "symptom"),
     ("ds-misc/006_llmfoundry-stuck-spinning-dataloaders.log", "hang", "symptom"),
+    # round 10: output that stops in a ninja extension build (a stale build lock); in DeepSpeed's
+    # activation-checkpointing lines of the first forward pass (host-prefixed lines)
+    ("r10-hang-slow/015_modelscope-megatron-util-stuck-compiling-fused-kernels-lock.log", "hang", "symptom"),
+    ("r10-hang-slow/007_gpt-neox-mp2-hang-after-activation-checkpointing-info.log", "hang", "symptom"),
 ]
 
 
