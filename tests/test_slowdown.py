@@ -7,6 +7,7 @@ import pytest
 from diagnose.config.load import load_config
 from diagnose.diagnosis import diagnose_paths, diagnose_text
 from diagnose.remedy.causes import show_computed_overrides
+from diagnose.report import get_formatter
 
 # the seed's measured factors (Qwen3-30B-A3B TP2 PP2 EP4, 16 x H100; card.yaml), and 100 % with the
 # D2H/H2D overlap at 3.9: the overlap was measured at 100 % only, so only that point moves
@@ -62,6 +63,21 @@ def test_a_full_offload_run_with_timers_names_the_optimizer_step_its_share_and_t
     assert rc.finding.signature.id == "MB-OFF-105"
     assert "iteration time x4.2 -> x1.9" in rc.hit.text and "about 2.3 s of every 4.2 s iteration" in rc.hit.text
     assert "the timers: optimizer step 3190.0 ms = 76% of the timed iteration" in rc.hit.text
+
+
+@pytest.mark.parametrize("width", [100, 160])
+def test_the_first_screen_shows_the_saving_and_the_timers(width):
+    """A symptom's evidence is the analysis, not a log line: the text report gives it more lines
+    than a quoted log line (it was cut after two at 100 columns, before the timers), the timers
+    come before the curve's scope, and the overrides stay on the first screen."""
+    rep = diagnose_paths([str(LOGS / "seed" / "qwen3_30b_a3b_full_optimizer_offload_slow.log")],
+                         config=load_config(str(LOGS / "seed" / "qwen3_30b_a3b_full_optimizer_offload_slow.yaml")), jobs=1)
+    show_computed_overrides(rep)
+    lines = get_formatter("text", width=width).render(rep).splitlines()
+    evidence = " ".join(ln.strip()[2:] for ln in lines if ln.startswith("   | "))
+    assert "about 2.3 s of every 4.2 s iteration" in evidence
+    assert "the timers: optimizer step 3190.0 ms = 76% of the timed iteration" in evidence
+    assert any(ln.lstrip().startswith("overrides:") for ln in lines[:15])
 
 
 def test_timers_alone_still_name_the_component_when_the_model_cannot_be_sized():

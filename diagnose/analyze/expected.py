@@ -38,9 +38,9 @@ def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -
     observed = metrics.get("iter_ms_median")
     if observed:
         text += f": about {observed * saving / 1000:.1f} s of every {observed / 1000:.1f} s iteration"
-    text += f" (offload factors {SCOPE})"
-    if timers:
+    if timers:  # before the scope, so that a first screen shows them
         text += f"; the timers: {timers}"
+    text += f" (offload factors {SCOPE})"
     try:  # said, not proposed: turning offload off changes how the optimizer state is kept
         off = PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_cpu_offload", False)]),
                           PL.Sizing(world_size=world_size))

@@ -24,6 +24,7 @@ _SEV_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"
 MIN_WIDTH, DEFAULT_WIDTH = 40, 100
 EVIDENCE_LINES = 3  # the evidence line, wrapped, at most this many lines on the first screen
 DETAILS_EVIDENCE_LINES = 6  # with --details: more of it, still leaving the overrides on the first screen
+SYMPTOM_EVIDENCE_LINES = 4  # a symptom's evidence is the analysis (expected vs observed, the timers)
 
 # what each evidence layer means to a reader (analyze/layers.py)
 BASIS_TEXT = {
@@ -119,13 +120,10 @@ def render_root(lines: Lines, r: Report, details: bool, known: bool = False):
     src = f" (from {rc.rank_source})" if details and rc.rank_source and rc.rank_source != "log line" and rank else ""
     lines.add(f"{where}{rank}{src}  [{s.category}, {rc.confidence}]", indent="  ", label="-->", style="",
               label_style="bold blue", sep="")
-    lines.add(
-        rc.hit.text,
-        indent="   | ",
-        style="italic",
-        hang="",
-        limit=DETAILS_EVIDENCE_LINES if details else (EVIDENCE_LINES if lines.width >= 120 else EVIDENCE_LINES - 1),
-    )
+    limit = DETAILS_EVIDENCE_LINES if details else (EVIDENCE_LINES if lines.width >= 120 else EVIDENCE_LINES - 1)
+    if rc.basis == "symptom":  # not a log line but the analysis (the saving, the timers): said whole
+        limit = max(limit, SYMPTOM_EVIDENCE_LINES)
+    lines.add(rc.hit.text, indent="   | ", style="italic", hang="", limit=limit)
     if rc.overrides:  # right under the evidence: the fix, whole and copy-pasteable
         lines.add(" ".join(rc.overrides), indent="  ", label="overrides", style="bold cyan")
     if rc.basis != "signature":
