@@ -1,11 +1,14 @@
 """The log's structure: rank prefixes, iteration / memory / timer lines, tracebacks, torchrun, configs."""
 import gzip
+from pathlib import Path
 
 import pytest
 
 from diagnose.diagnosis import diagnose_paths, diagnose_text
 from diagnose.logs import lines as L
 from diagnose.logs.structure import parse_iteration, parse_memory
+
+CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
 
 
 @pytest.mark.parametrize("line,rank,rest", [
@@ -358,3 +361,29 @@ def test_a_loss_jump_in_one_file_is_not_made_of_two_files(tmp_path):
     (tmp_path / "b.log").write_text(_neox_line(1, 10.5) + "\n")
     rep = diagnose_paths([str(tmp_path)], jobs=1)
     assert "loss_jump" not in rep.structure.peaks
+
+
+def test_ipython_and_rich_tracebacks_are_read_as_python_s():
+    """A notebook's traceback (IPython: "path.py in func(args)", the line it was on marked
+    "---->") and a rich box ("│ path.py:N in func │", the name wrapped onto the next box line, the
+    line marked "❱") give the frames and source lines a Python traceback gives: a paste cut
+    before its exception line is a failure, not a healthy log (both came back healthy)."""
+    nb = (CORPUS / "config-ckpt" / "022_lightning-resume-ckpt-keyerror-notebook.log").read_text()
+    tb = diagnose_text(nb).structure.tracebacks[0]
+    assert tb.frames[:3] == ['File "/tmp/ipykernel_10535/1750406609.py", line 0, in <module>',
+                             'File "/opt/conda/lib/python3.7/site-packages/pytorch_lightning/trainer/trainer.py", line 0, in fit',
+                             'File "/opt/conda/lib/python3.7/site-packages/pytorch_lightning/trainer/call.py", line 0, '
+                             'in _call_and_handle_interrupt']
+    assert tb.source[:3] == ["ckpt_path=best_model_path,",
+                             "self, self._fit_impl, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path",
+                             "return trainer_fn(*args, **kwargs)"]
+    # with its exception line (the thread's KeyError) the traceback ends there, its type read
+    head = "\n".join(nb.splitlines()[:20])
+    tb = diagnose_text(head + "\n\nKeyError: 'radam_buffer'\n").structure.tracebacks[0]
+    assert (tb.exc_type, tb.message) == ("KeyError", "'radam_buffer'")
+    box = (CORPUS / "r3-general" / "022_llm-foundry-autoresume-max-duration-elapsed-richbox.log").read_text()
+    rep = diagnose_text(box)
+    tb = rep.structure.tracebacks[0]
+    assert tb.frames[0] == 'File "/gpfs/home1/TooManyStacks/projects/llm-foundry/scripts/train/train.py", line 346, in <module>'
+    assert tb.source[0] == "main(cfg)"
+    assert rep.root_cause is not None

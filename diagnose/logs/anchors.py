@@ -13,7 +13,9 @@ ANCHORS: dict[str, tuple[str, ...]] = {
     "@timer_line": ("time (ms) | ",),
     # the optimizer runs on the CPU: DeepSpeed's CPU Adam / ZeRO-Offload
     "@cpu_optimizer": ("DeepSpeedCPUAdam", "Adam Optimizer #0 is created with", "cpu_adam", "ZeRO-Offload"),
-    "@traceback": ("Traceback (most recent call last):",),
+    # Python's header, and IPython's ("KeyError    Traceback (most recent call last)") and rich's
+    # ("╭──── Traceback (most recent call last) ────╮"), which have no colon
+    "@traceback": ("Traceback (most recent call last)",),
     # a frame line outside any traceback: a paste that starts inside a traceback (no header)
     "@frame": ('", line ',),
     "@exception": ("Error: ", "Exception: ", "Error:\n", "Exception:\n", "Error\n", "Error): ", "Exception): "),

@@ -29,6 +29,16 @@ _TIMER_LINE = re.compile(r"^\s{2,}([\w\-/ ]+?)\s*\.{2,}\s*:\s*(?:\(\s*([\d.]+),\
 _TB_EXC_LINE = re.compile(
     r"^((?:[a-z_][\w]*\.)+[A-Z][a-z]\w*|StopIteration|StopAsyncIteration)(?::\s?(.*))?$")
 _RANK_ENTRY = re.compile(r"\[\d+\]:")
+# Frames as other renderers print them, read as Python's own 'File "path", line N, in func' so that
+# the layers see them alike: IPython ("path.py in func(args)"; since IPython 8 "File path.py:N, in
+# func(args)"; the line it was on marked "----> N"), rich (a box of "│ path.py:N in func │" lines,
+# the line it was on marked "❱ N │"; a long path or name wraps onto the next box line).
+_IPY_FRAME = re.compile(r"^(?:File )?(\S+\.py|<ipython-input-[^>\s]+>|<cell line: \d+>)(?::(\d+),)?"
+                        r" in (?:\w+\.)*([\w<>]+)(?:\(|\s*$)")
+_IPY_ARROW = re.compile(r"^-+> ?(\d+)\s+(.*)$")
+_RICH_FRAME = re.compile(r"^│\s*(\S+?):(\d+) in ?([\w<>.]*)\s*│?$")
+_RICH_CURRENT = re.compile(r"^│\s*❱\s*\d+\s*│\s*(.*?)\s*│?$")
+_RICH_NAME = re.compile(r"^│\s*([\w<>.]+)\s*│$")
 _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _ARGS_LINE = re.compile(r"^\s+(\S+) \.{3,} (.*)$")
 _SUMMARY_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values.*:|:)\s*$")
@@ -135,6 +145,7 @@ class TracebackBlock(Block):
         self.others = 0
         self.last = self.start_line
         self.done = False
+        self.ipython = self.unnamed = False
         self.s.tb_until[(self.file, self.key)] = self.start_line
         if msg.strip().startswith("File "):  # headless: the paste starts at a frame
             self._keep(msg.strip(), "")
@@ -161,6 +172,32 @@ class TracebackBlock(Block):
             return False
         return True
 
+    def other_renderer(self, stripped: str, line: int) -> bool:
+        """A line of an IPython or rich traceback (_IPY_FRAME, _RICH_FRAME): its frame kept as
+        Python's, the line it was on as its source; False for any other line."""
+        if stripped.startswith(("│", "╭", "╰")):  # rich's box
+            m = _RICH_FRAME.match(stripped)
+            if m:
+                self._keep(f'File "{m.group(1)}", line {m.group(2)}, in {m.group(3)}', "")
+                self.last = line
+                self.unnamed = not m.group(3)
+            elif self.frames and self.unnamed and (n := _RICH_NAME.match(stripped)):
+                self.frames[-1] += n.group(1)  # the name wrapped onto the next line
+                self.unnamed = False
+            elif self.frames and (cur := _RICH_CURRENT.match(stripped)):
+                self.source[-1] = cur.group(1)
+            return True
+        m = _IPY_FRAME.match(stripped)
+        if m:
+            self._keep(f'File "{m.group(1)}", line {m.group(2) or 0}, in {m.group(3)}', "")
+            self.last, self.ipython = line, True
+            return True
+        arrow = _IPY_ARROW.match(stripped)
+        if arrow and self.frames:
+            self.source[-1] = arrow.group(2).strip()
+            return True
+        return False
+
     def own(self, msg: str, line: int) -> bool:
         stripped = msg.strip()
         self.s.tb_until[(self.file, self.key)] = line
@@ -168,12 +205,16 @@ class TracebackBlock(Block):
         exc = (_EXC_LINE.match(stripped) or _TB_EXC_LINE.match(stripped)) if stripped and indent <= 1 else None
         if exc:  # a paste may indent it by one
             indent = 0
+        if (not exc and stripped and not indent and not stripped.startswith(('File "', "^", "~"))
+                and self.other_renderer(stripped, line)):
+            return True
         if not stripped or stripped.startswith(("File ", "^", "~")) or indent:
             if stripped.startswith("File "):
                 self._keep(stripped, "")
                 self.last = line
-            elif stripped and self.frames and not self.source[-1] and not stripped.startswith(("^", "~")):
-                self.source[-1] = stripped
+            elif (stripped and self.frames and not self.source[-1] and not self.ipython
+                  and not stripped.startswith(("^", "~"))):
+                self.source[-1] = stripped  # (IPython's context lines are not the line it was on)
             return True
         m = exc
         if m:
