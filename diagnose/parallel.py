@@ -14,7 +14,7 @@ One file per rank is common (512 ranks, 512 files); so is one multi-GB ``run.out
 A process pool runs the tasks, largest first for balance. The parent merges the results in the
 order a serial scan would have read them. The merged ``ScanResult`` is therefore the one a serial
 scan gives: findings, counts per rank, first hits, samples, structure, notes, and so the root
-cause (tests/test_parallel.py). Each worker holds one task's state at a time, so memory stays
+cause (tests/scan/test_parallel.py). Each worker holds one task's state at a time, so memory stays
 bounded per process. Standard input and small inputs are scanned serially.
 """
 from __future__ import annotations

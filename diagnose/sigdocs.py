@@ -2,7 +2,7 @@
 
 One section per category, one entry per signature: its id and slug, title, severity and role,
 what it matches, the cause, how to confirm, the fixes with their safety and edits, and the
-sources it was written from. tests/test_sigschema.py checks the file in the repository is the
+sources it was written from. tests/signatures/test_sigschema.py checks the file in the repository is the
 one the database gives, so the documentation cannot drift from the rules.
 """
 from __future__ import annotations

@@ -81,7 +81,7 @@ def _split_fields(rest: str, spec: _Fields) -> list:
     """(name, value) pairs of the ``key: value`` fields between ``|`` separators, as ``spec.regex``
     finds them. The common case, a well-formed field per part, costs one split and one partition
     per field; a part that is not one goes to the regex, so the result is the regex's on every
-    input (tests/test_structure.py)."""
+    input (tests/logs/test_structure.py)."""
     out = []
     names = spec.names
     for part in rest.split("|")[spec.skip:]:

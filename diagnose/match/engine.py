@@ -17,7 +17,7 @@ installed):
 * ``hyperscan`` (optional extra ``diagnose[fast]``): all anchors compiled as literals into one
   Hyperscan database, one pass per buffer (``hyperscan_engine.py``).
 
-Both give identical results (tests/test_engines.py). ``Engine.scan_sampled`` (what the scan
+Both give identical results (tests/match/test_engines.py). ``Engine.scan_sampled`` (what the scan
 uses) also samples the lines of dense keys (iteration, memory, step-time lines) in big buffers.
 """
 from __future__ import annotations
@@ -170,7 +170,7 @@ class RegexEngine(Engine):
     * or through a substring it shares with other anchors, found with ``bytes.find``, each hit
       confirmed with ``startswith``.
 
-    The plan changes speed only, never results (tests/test_engines.py).
+    The plan changes speed only, never results (tests/match/test_engines.py).
     """
 
     name = "regex"

@@ -11,7 +11,7 @@ from diagnose.diagnosis import diagnose_paths
 from diagnose.remedy.causes import show_computed_overrides
 from diagnose.report import get_formatter
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOGS = sorted(p for p in (REPO / "fixtures" / "logs").rglob("*.log*") if p.is_file())
 REAL = sorted((REPO / "fixtures" / "corpus" / "r3-nvidia").glob("*.log"))[:10]
 

@@ -17,7 +17,7 @@ MEASURED = {0.25: 1.9, 0.5: 2.5, 0.75: 3.2, 1.0: 4.2}
 def slowdown(fraction: float, overlap: bool) -> float:
     return 3.9 if (overlap and fraction == 1.0) else MEASURED[fraction]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "fixtures" / "logs"
 CONFIGS = REPO / "fixtures" / "configs"
 # a Bridge run of Qwen3-30B-A3B (TP2 PP2 EP4, 16 GPUs) that printed no config and no timers

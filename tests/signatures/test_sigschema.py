@@ -14,7 +14,7 @@ import yaml
 from diagnose import db as DB
 from diagnose import sigschema
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SIGS = REPO / "signatures"
 FILES = sorted(SIGS.glob("*.yaml"))
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((SIGS / "schema.json").read_text()))
@@ -70,7 +70,7 @@ def test_the_signature_docs_are_the_database_s(run_cli):
     """docs/signatures.md is generated (diagnose signatures export --markdown): never stale."""
     code, out, _ = run_cli("signatures", "export", "--markdown")
     assert code == 0
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "signatures.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "signatures.md").read_text(encoding="utf-8")
     assert out == docs, "docs/signatures.md is stale: diagnose signatures export --markdown > docs/signatures.md"
     db = DB.load()
     for s in db.signatures:  # every signature is there, under its category

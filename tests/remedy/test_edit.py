@@ -12,7 +12,7 @@ import yaml
 
 from diagnose.remedy import edit as E
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
 QWEN = REPO / "fixtures" / "logs" / "seed" / "qwen3_30b_a3b_activation_offload_pp1_oom.yaml"
 RUN1 = REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"

@@ -23,7 +23,7 @@ from diagnose import exitcodes
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "fixtures" / "jobs" / "train_tiny_gpt.py"
 CFG = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]

@@ -16,7 +16,7 @@ from diagnose.config.load import MAX_CONFIG_BYTES, ConfigError, load_config
 from diagnose.config.overrides import apply_overrides
 from diagnose.config.runconfig import RunConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOG = b"Traceback (most recent call last):\n  File \"a.py\", line 1\nRuntimeError: boom\n"
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from diagnose.remedy import edit as E
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
 RUN1 = REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"
 

@@ -8,7 +8,7 @@ from diagnose.diagnosis import diagnose_paths, diagnose_text
 from diagnose.logs import lines as L
 from diagnose.logs.structure import parse_iteration, parse_memory
 
-CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "corpus"
 
 
 @pytest.mark.parametrize("line,rank,rest", [

@@ -22,7 +22,7 @@ from diagnose.remedy import cost as COST
 from diagnose.remedy import plan as PL
 from diagnose.remedy import search as SE
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SEED = REPO / "fixtures" / "logs" / "seed"
 TINY = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
 RUN1 = REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"

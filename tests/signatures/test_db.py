@@ -105,7 +105,7 @@ def test_version_ranges_follow_the_released_sources():
 @pytest.mark.parametrize("field,why", [("    priority: high\n", "priority: expected an integer"),
                                        ("    priority: 99999999\n", "priority: expected an integer"),
                                        ("    match: {anchors: [xyz], regex: 5}\n", "regex must be a string"),
-                                       # found by tests/test_fuzz_surfaces.py (they raised TypeError /
+                                       # found by tests/remedy/test_fuzz_surfaces.py (they raised TypeError /
                                        # AttributeError before)
                                        ("    tags: 2026-12-02\n", "'tags' must be a list of strings"),
                                        ("    supersedes: 3\n", "'supersedes' must be a list of strings"),

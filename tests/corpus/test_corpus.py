@@ -14,7 +14,7 @@ import pytest
 from diagnose.diagnosis import diagnose_paths
 from diagnose.model import CATEGORIES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "fixtures" / "corpus"
 RESERVED = REPO.parent / "shared" / "eval" / "reserved-sources.txt"
 
@@ -341,7 +341,7 @@ def test_the_start_up_lines_are_data_and_a_bad_row_is_refused(tmp_path):
 def test_a_cut_row_reads_only_a_traceback_that_lost_its_exception_line(tmp_path):
     """MB-GEN-025 (a step's compute cut before its exception line) is a suspicion for a cut
     traceback only: the same frames with their exception line are that exception."""
-    real = Path(__file__).parent.parent / "fixtures/corpus/verl-rl/004_verl-megatron-32b-optimizer-step-oom.log"
+    real = Path(__file__).parents[2] / "fixtures/corpus/verl-rl/004_verl-megatron-32b-optimizer-step-oom.log"
     text = real.read_text()
     log = tmp_path / "cut.log"
     log.write_text(text)

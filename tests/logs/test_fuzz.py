@@ -151,7 +151,7 @@ def _real_lines() -> list:
     empty lists."""
     import json
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     out = []
     for labels in sorted((repo / "fixtures" / "corpus").glob("*/labels.json")):
         for lab in json.loads(labels.read_text()):

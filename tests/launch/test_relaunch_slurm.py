@@ -25,7 +25,7 @@ from diagnose import exitcodes
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SBATCH_JOB = REPO / "fixtures" / "jobs" / "train_tiny_gpt.sbatch"
 CFG = REPO / "fixtures" / "jobs" / "tiny_gpt_pp_offload.yaml"
 OOM = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FOLDER = REPO.parent / "shared" / "real-logs-dev"
 
 

@@ -21,7 +21,7 @@ from diagnose.match.engine import RegexEngine
 from diagnose.match.engines import available_engines, make_engine
 from diagnose.scan import Scanner
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HAVE_HS = "hyperscan" in available_engines()
 needs_hs = pytest.mark.skipif(not HAVE_HS, reason="hyperscan extra not installed (pip install 'diagnose[fast]')")
 

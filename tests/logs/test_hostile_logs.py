@@ -25,7 +25,7 @@ import pytest
 
 from diagnose.logs import read as R
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 TRACEBACK = (b"Traceback (most recent call last):\n"
              b'  File "pretrain_gpt.py", line 12, in <module>\n'
@@ -501,7 +501,7 @@ def test_zstd_without_its_extra_is_a_one_line_error_not_healthy(tmp_path):
     p.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(32))
     r = subprocess.run([sys.executable, "-c", "import sys; from diagnose.cli import main; sys.exit(main(sys.argv[1:]))",
                         str(p)], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert r.returncode == 2 and "zstd" in r.stderr and "Traceback" not in r.stderr
 
 

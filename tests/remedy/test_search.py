@@ -16,7 +16,7 @@ from diagnose.remedy import cost as COST
 from diagnose.remedy import resume as RS
 from diagnose.remedy import search as SE
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SEED = yaml.safe_load((REPO / "fixtures/logs/seed/qwen3_30b_a3b_activation_offload_pp1_oom.yaml").read_text())
 
 

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.mcore, pytest.mark.slow]
 CFG = "fixtures/configs"
 from pathlib import Path  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

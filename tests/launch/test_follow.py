@@ -11,7 +11,7 @@ from pathlib import Path
 from diagnose.db import load
 from diagnose.launch.follow import Follower
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity "
        "of 79.11 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.87 GiB memory in use. "
        "Of the allocated memory 70.30 GiB is allocated by PyTorch, and 6.12 GiB is reserved by PyTorch but unallocated.")
@@ -176,7 +176,7 @@ def test_a_line_without_end_is_followed_in_bounded_memory(tmp_path):
 
 
 def test_a_long_unfinished_line_after_whole_lines_is_bounded_too(tmp_path):
-    """Found by tests/test_fuzz_surfaces.py: whole lines, then 3 MB without a newline in the same
+    """Found by tests/remedy/test_fuzz_surfaces.py: whole lines, then 3 MB without a newline in the same
     poll: the unfinished tail was held whole (up to a poll's 8 MB read)."""
     from diagnose.logs.read import MAX_LINE
 

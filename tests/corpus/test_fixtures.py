@@ -17,9 +17,9 @@ import yaml
 
 from diagnose.cli import main
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
-LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 EXPECTED = yaml.safe_load((LOGS / "expected.yaml").read_text())["fixtures"]
 
 

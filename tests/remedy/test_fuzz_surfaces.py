@@ -30,7 +30,7 @@ from diagnose.remedy import search as SE
 
 FUZZ = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 COUNTS = Counts()
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SEED = yaml.safe_load((REPO / "fixtures/logs/seed/qwen3_30b_a3b_activation_offload_pp1_oom.yaml").read_text())
 _DB = DB.load()
 # causes the planner computes or edits for (the ones --fix acts on) and plans on for the seed

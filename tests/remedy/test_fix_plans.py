@@ -36,7 +36,7 @@ mcore = pytest.importorskip("diagnose.config.mcore")
 if mcore.version() is None:  # pragma: no cover - the tests install megatron-core
     pytest.skip("needs megatron-core (pip install -e '.[mcore]')", allow_module_level=True)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SEED = yaml.safe_load((REPO / "fixtures/logs/seed/qwen3_30b_a3b_activation_offload_pp1_oom.yaml").read_text())
 TINY = yaml.safe_load((REPO / "fixtures/jobs/tiny_gpt_pp_offload.yaml").read_text())
 

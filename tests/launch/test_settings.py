@@ -42,7 +42,7 @@ def test_an_unknown_key_is_a_warning_and_bad_toml_a_one_line_error(tmp_path):
 
 
 def test_a_tool_key_that_is_not_a_table(tmp_path):
-    """Found by tests/test_fuzz_surfaces.py: `tool = "local"` crashed (str has no .get)."""
+    """Found by tests/remedy/test_fuzz_surfaces.py: `tool = "local"` crashed (str has no .get)."""
     (tmp_path / "diagnose.toml").write_text('tool = "local"\nlauncher = "local"\n')
     assert ST.find(tmp_path).get("launcher") == "local"
     (tmp_path / "diagnose.toml").write_text('[tool]\ndiagnose = 3\n')

@@ -10,7 +10,7 @@ from diagnose.diagnosis import analyze
 from diagnose.parallel import plan_jobs, scan_parallel
 from diagnose.scan import Scanner
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def summary(db, res) -> dict:

@@ -11,7 +11,7 @@ from diagnose.config import memory as mm
 from diagnose.config.load import load_config
 from diagnose.edits import DELETE
 
-CFG = Path(__file__).resolve().parent.parent / "fixtures" / "configs" / "seed_optimizer_offload_100_overlap.yaml"
+CFG = Path(__file__).resolve().parents[2] / "fixtures" / "configs" / "seed_optimizer_offload_100_overlap.yaml"
 
 
 def cfg():
