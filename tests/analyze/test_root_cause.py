@@ -1,4 +1,6 @@
 """Root-cause selection: roles, order across ranks, supersedes, demotion, refinement, healthy."""
+import pytest
+
 from diagnose.diagnosis import diagnose_text
 
 OOM = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
@@ -286,3 +288,34 @@ def test_an_unknown_error_before_the_watchdog_timeouts_is_the_cause_not_after_th
     assert rc.finding.signature.id == "MB-GEN-001" and rc.hit.text == err
     after = "\n".join([WATCHDOG.format(r=r, m=30) for r in (1, 2, 3)] + [err]) + "\n"
     assert diagnose_text(after).root_cause.finding.signature.category == "nccl_timeout"
+
+
+# ---- a start-up hang (MB-SYM-010): output that stops in start-up, nothing failed
+
+_BAR = "Epoch 0:   0%|          | 0/1234 [00:00<?, ?it/s]"
+
+
+def test_output_that_stops_on_a_first_step_bar_is_a_start_up_hang_with_that_line_as_evidence():
+    """The bar is the evidence, not the warning printed after it (the file's last line)."""
+    rep = diagnose_text("[2024-08-06 04:53:37] Beginning epoch 0...\n" + _BAR + "\n"
+                        "/opt/conda/lib/python3.9/site-packages/x.py:55: UserWarning: TypedStorage is deprecated.\n"
+                        "  numel += p.storage().size()\n")
+    rc = rep.root_cause
+    assert rc.finding.signature.id == "MB-SYM-010" and rc.finding.signature.category == "hang"
+    assert rc.hit.text == _BAR and rc.hit.line == 2
+
+
+@pytest.mark.parametrize("log", [
+    "",  # nothing read: no tail, no verdict about where it stopped
+    "\n\n",
+    # a cut traceback (no exception line) before the bar: the traceback is the failure
+    'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    main()\n' + _BAR + "\n",
+    # an exception line without a traceback before it
+    "RuntimeError: NCCL communicator was aborted\n" + _BAR + "\n",
+    # a failed worker reported by torchrun
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + _BAR + "\n",
+], ids=["empty", "blank", "cut-traceback", "exception", "torchrun"])
+def test_no_start_up_hang_where_something_failed_or_nothing_was_read(log):
+    rep = diagnose_text(log)
+    assert rep.metrics.get("ends_in_init") is None
+    assert rep.root_cause is None or rep.root_cause.finding.signature.id != "MB-SYM-010"
