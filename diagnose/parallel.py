@@ -160,9 +160,25 @@ _CAPS = {"memory": 4 * S.MAX_RECORDS, "tracebacks": S.MAX_RECORDS, "exceptions":
 _LATEST_EVIDENCE = {"timers", "last_iteration"}  # notes written with replace=True: the later file wins
 
 
+def _peak_winners(dst: S.Structure, src: S.Structure) -> set:
+    """Evidence that follows a peak, as the serial scan notes it: the smallest loss scale
+    (records.scale_seen: strictly smaller), DeepSpeed's latest skipped-step report (the largest
+    step count, ``>=``). Its peaks move with it (ds_skipped is the count of that report, not a
+    maximum of its own)."""
+    won = set()
+    a, b = dst.peaks, src.peaks
+    if "loss_scale_min" in b and ("loss_scale_min" not in a or b["loss_scale_min"] > a["loss_scale_min"]):
+        won.add("loss_scale_min")
+    if "ds_steps" in b and b["ds_steps"] >= a.get("ds_steps", -1):
+        won.add("ds_skipped")
+    return won
+
+
 def merge_structure(dst: S.Structure, src: S.Structure):
     """Fold ``src`` (a later file's structure) into ``dst`` as one serial scan would have built it."""
     dropped = 0
+    won = _peak_winners(dst, src)
+    dst_ds_skipped = dst.peaks.get("ds_skipped")
     for fld in dataclasses.fields(S.Structure):
         name = fld.name
         a, b = getattr(dst, name), getattr(src, name)
@@ -192,8 +208,12 @@ def merge_structure(dst: S.Structure, src: S.Structure):
         elif name == "peaks":
             for k, v in b.items():
                 dst.peak(k, v)
+            if "ds_skipped" in won:  # the report with the most steps gives both its counts
+                a["ds_steps"], a["ds_skipped"] = b["ds_steps"], b["ds_skipped"]
+            elif "ds_steps" in b:
+                a["ds_skipped"] = dst_ds_skipped
         elif name == "evidence":
-            _merge_evidence(a, b)
+            _merge_evidence(a, b, won)
         elif name == "tracebacks":
             # a piece that starts inside a traceback sees its frames without the header: the
             # piece before read that traceback on (tb_until), so the headless copy goes
@@ -251,11 +271,11 @@ def merge_structure(dst: S.Structure, src: S.Structure):
             setattr(dst, name, b)  # single values set by the last line seen
 
 
-def _merge_evidence(a: dict, b: dict):
+def _merge_evidence(a: dict, b: dict, won: frozenset | set = frozenset()):
     for k, v in b.items():
         if k in ("_max_elapsed", "slowest_iteration", "_loss_jump", "loss_jump"):
             continue
-        if k in _LATEST_EVIDENCE or k not in a:
+        if k in _LATEST_EVIDENCE or k in won or k not in a:
             a[k] = v
     mb = b.get("_max_elapsed")
     if mb is not None:

@@ -111,3 +111,28 @@ def test_cli_merge_errors_are_one_line(run_cli, rank_dir, tmp_path):
     assert code == 2 and "not a partial result" in err
     code, _, err = run_cli("merge", str(tmp_path / "nope"))
     assert code == 2 and "does not exist" in err
+
+
+def test_evidence_that_follows_a_peak_merges_as_the_serial_scan_notes_it(db, tmp_path):
+    """CI's 64-file Slurm array once merged to another evidence line than the serial scan: the
+    smallest loss scale's line came from the first file with any scale, not from the file with the
+    smallest. DeepSpeed's skipped-step report is the one with the most steps, its two counts together."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    ds = "[2021-11-26 03:07:16,494] [INFO] [logging.py:69:log_dist] [Rank 0] step={}, skipped={}, lr=[0.001, 0.001]\n"
+    (logs / "a.log").write_text("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 2.0\n"
+                                + ds.format(2000, 1995))
+    (logs / "b.log").write_text("| epoch 028 | loss 3.976 | nll_loss 2.204 | ppl 4.61 | wps 279460 | ups 3 | "
+                                "loss_scale 0.000 | wall 4043 | train_wall 3606\n" + ds.format(60, 58))
+    (logs / "c.log").write_text("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 1.0\n"
+                                + ds.format(2000, 16))
+    serial = scan_parallel(Scanner(db, "regex"), [str(logs)], jobs=1)
+    s = serial.structure
+    assert s.evidence["loss_scale_min"][0].endswith("b.log")  # 0.000 is the smallest
+    assert s.evidence["ds_skipped"][0].endswith("c.log") and (s.peaks["ds_steps"], s.peaks["ds_skipped"]) == (2000, 16)
+    want = summary(db, serial)  # (analyze adds the symptoms to the result: once)
+    for n in (2, 3):
+        merged = _sharded(db, [str(logs)], n, tmp_path)
+        assert merged.structure.evidence == s.evidence, n
+        assert merged.structure.peaks == s.peaks, n
+        assert summary(db, merged) == want, n
