@@ -195,6 +195,8 @@ class TracebackBlock(Block):
         arrow = _IPY_ARROW.match(stripped)
         if arrow and self.frames:
             self.source[-1] = arrow.group(2).strip()
+            if self.ipython:  # older IPython gives the frame's line number only here
+                self.frames[-1] = self.frames[-1].replace(", line 0, in ", f", line {arrow.group(1)}, in ", 1)
             return True
         return False
 

@@ -370,9 +370,9 @@ def test_ipython_and_rich_tracebacks_are_read_as_python_s():
     before its exception line is a failure, not a healthy log (both came back healthy)."""
     nb = (CORPUS / "config-ckpt" / "022_lightning-resume-ckpt-keyerror-notebook.log").read_text()
     tb = diagnose_text(nb).structure.tracebacks[0]
-    assert tb.frames[:3] == ['File "/tmp/ipykernel_10535/1750406609.py", line 0, in <module>',
-                             'File "/opt/conda/lib/python3.7/site-packages/pytorch_lightning/trainer/trainer.py", line 0, in fit',
-                             'File "/opt/conda/lib/python3.7/site-packages/pytorch_lightning/trainer/call.py", line 0, '
+    assert tb.frames[:3] == ['File "/tmp/ipykernel_10535/1750406609.py", line 6, in <module>',
+                             'File "/opt/conda/lib/python3.7/site-packages/pytorch_lightning/trainer/trainer.py", line 583, in fit',
+                             'File "/opt/conda/lib/python3.7/site-packages/pytorch_lightning/trainer/call.py", line 38, '
                              'in _call_and_handle_interrupt']
     assert tb.source[:3] == ["ckpt_path=best_model_path,",
                              "self, self._fit_impl, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path",
