@@ -2,9 +2,10 @@
 
 Data, loaded and checked with the database (db.py): the rows that read an exception by its type
 and message (``by_exception``), a traceback by its frames and source lines (``by_traceback``),
-what the job was doing just before a failure (``by_context``), and the lines a job prints while
-it sets up its process groups (``startup_lines``). analyze/layers.py applies them; the layers
-themselves are described there.
+what the job was doing just before a failure (``by_context``), the lines a job prints while
+it sets up its process groups (``startup_lines``) and those an RL job prints while it hands its
+weights to the rollout engine (``rollout_sync_lines``). analyze/layers.py applies the rows;
+analyze/symptoms.py reads the line tables.
 """
 from __future__ import annotations
 
@@ -77,19 +78,32 @@ class Tables:
     by_context: tuple = ()
     # (id, regex) of the lines a job prints while it sets up its process groups (startup.yaml)
     startup: tuple = ()
+    # (id, regex) of the lines of an RL job's weight hand-over to its rollout engine (rollout.yaml)
+    rollout_sync: tuple = ()
 
     def startup_line(self, text: str) -> bool:
         """Is ``text`` a distributed start-up line (``startup_lines``)?"""
-        for _, rx in self.startup:
-            try:
-                if rx.search(text, timeout=_TIMEOUT):
-                    return True
-            except TimeoutError:
-                continue
-        return False
+        return _any(self.startup, text)
+
+    def rollout_sync_line(self, text: str) -> bool:
+        """Is ``text`` a line of the weight hand-over to a rollout engine (``rollout_sync_lines``)?"""
+        return _any(self.rollout_sync, text)
 
     def rows(self):
         return self.by_exception + self.by_traceback + self.by_context
+
+
+def _any(table: tuple, text: str) -> bool:
+    for _, rx in table:
+        try:
+            if rx.search(text, timeout=_TIMEOUT):
+                return True
+        except TimeoutError:
+            continue
+    return False
+
+
+LINE_TABLES = ("startup_lines", "rollout_sync_lines")  # sections of {id, regex} rows
 
 
 def _row(raw, fname: str, section: str) -> Row:
@@ -142,7 +156,7 @@ def _load(db_root: str) -> Tables:
     exc: list[Row] = []
     tb: list[Row] = []
     ctx: list[Row] = []
-    startup: list[tuple] = []
+    lines: dict[str, list[tuple]] = {name: [] for name in LINE_TABLES}
     seen: set[str] = set()
     for path in sorted(Path(db_root, "layers").glob("*.yaml")):
         try:
@@ -151,20 +165,21 @@ def _load(db_root: str) -> Tables:
             raise LayerError(f"{path.name}: invalid YAML: {e}") from None
         if not isinstance(doc, dict) or doc.get("schema_version") != 1:
             raise LayerError(f"{path.name}: expected a mapping with schema_version: 1")
-        extra = set(doc) - {"schema_version", "by_exception", "by_traceback", "by_context", "startup_lines"}
+        extra = set(doc) - {"schema_version", "by_exception", "by_traceback", "by_context", *LINE_TABLES}
         if extra:
             raise LayerError(f"{path.name}: unknown section(s) {sorted(extra)}")
-        for raw in doc.get("startup_lines") or []:
-            if not isinstance(raw, dict) or set(raw) != {"id", "regex"} or not all(
-                    isinstance(raw[k], str) for k in ("id", "regex")):
-                raise LayerError(f"{path.name}: startup_lines: each row is {{id, regex}} (strings)")
-            if raw["id"] in seen:
-                raise LayerError(f"{path.name}: {raw['id']}: duplicate row id")
-            seen.add(raw["id"])
-            try:
-                startup.append((raw["id"], regex.compile(raw["regex"])))
-            except regex.error as exc_:
-                raise LayerError(f"{path.name}: {raw['id']}: regex does not compile: {exc_}") from None
+        for name in LINE_TABLES:
+            for raw in doc.get(name) or []:
+                if not isinstance(raw, dict) or set(raw) != {"id", "regex"} or not all(
+                        isinstance(raw[k], str) for k in ("id", "regex")):
+                    raise LayerError(f"{path.name}: {name}: each row is {{id, regex}} (strings)")
+                if raw["id"] in seen:
+                    raise LayerError(f"{path.name}: {raw['id']}: duplicate row id")
+                seen.add(raw["id"])
+                try:
+                    lines[name].append((raw["id"], regex.compile(raw["regex"])))
+                except regex.error as exc_:
+                    raise LayerError(f"{path.name}: {raw['id']}: regex does not compile: {exc_}") from None
         for section, out in (("by_exception", exc), ("by_traceback", tb), ("by_context", ctx)):
             for raw in doc.get(section) or []:
                 row = _row(raw, path.name, section)
@@ -172,7 +187,8 @@ def _load(db_root: str) -> Tables:
                     raise LayerError(f"{path.name}: {row.id}: duplicate row id")
                 seen.add(row.id)
                 out.append(row)
-    return Tables(tuple(exc), tuple(tb), tuple(ctx), tuple(startup))
+    return Tables(tuple(exc), tuple(tb), tuple(ctx), tuple(lines["startup_lines"]),
+                  tuple(lines["rollout_sync_lines"]))
 
 
 def check_against(tables: Tables, db) -> None:

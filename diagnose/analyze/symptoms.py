@@ -48,6 +48,11 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
                          step, a training bar at step 0: the startup_lines table of
                          signatures/layers/startup.yaml; warnings after it skipped) with no
                          iteration, step, exception or failed worker anywhere: a start-up hang
+  ends_in_rollout_sync   1 where every file's output stops in an RL job's weight hand-over to its
+                         rollout engine (the engine put to sleep or woken, its prefix cache reset,
+                         weights posted to its server: the rollout_sync_lines table of
+                         signatures/layers/rollout.yaml; warnings and finished progress bars after
+                         it skipped), with no exception or failed worker anywhere: a hang there
   offload_fraction       the config's optimizer-offload fraction, where offload is on and more
                          is offloaded than fits needs (analyze/expected.py); offload_fraction_fits:
                          the lowest that fits; offload_factor / offload_factor_fits: their
@@ -73,9 +78,11 @@ def paced_series(s: Structure) -> list:
     return best
 
 
-def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -> dict:
+def compute(s: Structure, baseline_ms: float | None = None, startup_line=None, sync_line=None) -> dict:
     """The metrics of ``s``. ``startup_line``: a predicate for distributed start-up lines (the
-    layer tables' ``startup_lines``); without it, ``ends_in_init`` is not computed."""
+    layer tables' ``startup_lines``); without it, ``ends_in_init`` is not computed. ``sync_line``:
+    one for the lines of a weight hand-over to a rollout engine (``rollout_sync_lines``); without
+    it, ``ends_in_rollout_sync`` is not computed."""
     m: dict = {}
     pts = s.iterations or paced_series(s)
     t, peaks = s.tally, s.peaks
@@ -119,8 +126,10 @@ def compute(s: Structure, baseline_ms: float | None = None, startup_line=None) -
         if first is not None:
             s.note("grad_norm_nan_run", *first)
     m.update(timer_shares(s))
-    if startup_line is not None and not pts and not s.step_times and ends_in_init(s, startup_line):
+    if startup_line is not None and not pts and not s.step_times and ends_on(s, startup_line, "ends_in_init"):
         m["ends_in_init"] = 1
+    if sync_line is not None and ends_on(s, sync_line, "ends_in_rollout_sync"):
+        m["ends_in_rollout_sync"] = 1
     if pts:
         m.update(change_point(pts, s))
     if t.get("overflow_steps"):
@@ -173,41 +182,47 @@ def _split(vals: dict) -> dict:
 _WORDS = re.compile(r"[A-Za-z]{2}")
 
 
-def ends_in_init(s: Structure, startup_line) -> bool:
-    """Every file read to its end stops on a distributed start-up line (``startup_line``: the
+def ends_on(s: Structure, kind, name: str) -> bool:
+    """Every file read to its end stops on a line of one kind (``kind``: a predicate, e.g. the
     ``startup_lines`` table of signatures/layers/startup.yaml), and the log shows no exception,
-    traceback or failed worker (those name the failure instead)."""
+    traceback or failed worker (those name the failure instead). The last such line is noted as
+    ``name``'s evidence."""
     if not s.tails or s.tracebacks or s.exceptions or s.torchrun:
         return False
     last = None
     for file, tail in s.tails.items():
         words = [(line, text) for line, text in tail if _WORDS.search(text)]  # not "-----"
-        end = last_progress(words, startup_line)
+        end = last_progress(words, kind)
         if end is None:
             return False
         last = (file, *words[end])
     if last is not None:
-        s.note("ends_in_init", *last)
+        s.note(name, *last)
     return True
 
 
 # Lines printed while a job waits that say nothing of its progress: Python warnings (the
 # "file.py:N: SomeWarning: ..." line and the source line Python prints under it), logging and
-# glog warning lines. Output that ends on them after a start-up line still ends in start-up.
+# glog warning lines, and progress bars that finished (a short loop such as a data
+# preprocessing map at "100%| N/N"). Output that ends on them after a start-up line still ends
+# in start-up.
 _WARNING = re.compile(r"\b\w*Warning\b:|^warnings\.warn\(|\[NeMo W |^W\d{4} |\bWARNING\b")
 _PY_WARNING = re.compile(r"\.py:\d+: \w*Warning:")
+_FINISHED_BAR = re.compile(r"^[^|]{0,80}\b100%\s*\|[^|]*\|\s*(\d+)/\1\s*\[[^\]]*\]\s*$")
 
 
-def last_progress(words: list, startup_line):
-    """The index in ``words`` ((line, text) of a file's end) of the start-up line the file stops
-    on, warnings after it skipped; None where the file stops on anything else."""
+def last_progress(words: list, kind):
+    """The index in ``words`` ((line, text) of a file's end) of the line of one kind (``kind``: a
+    predicate) the file stops on, warnings and finished bars after it skipped; None where the
+    file stops on anything else."""
     i = len(words) - 1
     while i >= 0:
         text = words[i][1]
-        if startup_line(text):
+        if kind(text):
             return i
-        # a warning, or the source line Python prints under one
-        if not (_WARNING.search(text) or (i > 0 and _PY_WARNING.search(words[i - 1][1]))):
+        # a warning, or the source line Python prints under one, or a finished bar
+        if not (_WARNING.search(text) or _FINISHED_BAR.match(text)
+                or (i > 0 and _PY_WARNING.search(words[i - 1][1]))):
             return None
         i -= 1
     return None
@@ -338,6 +353,7 @@ EVIDENCE_FOR = {
     "offload_fraction": "offload_cost",
     "overflow_steps": "loss_scale_min",
     "ends_in_init": "ends_in_init",
+    "ends_in_rollout_sync": "ends_in_rollout_sync",
     "grad_norm_nan_last": "grad_norm_nan_run",
     "grad_norm_nan_run": "grad_norm_nan_run",
     "loss_jump": "loss_jump",

@@ -192,6 +192,13 @@ LAYER_CASES = [
     # activation-checkpointing lines of the first forward pass (host-prefixed lines)
     ("r10-hang-slow/015_modelscope-megatron-util-stuck-compiling-fused-kernels-lock.log", "hang", "symptom"),
     ("r10-hang-slow/007_gpt-neox-mp2-hang-after-activation-checkpointing-info.log", "hang", "symptom"),
+    # output that stops in an RL job's weight hand-over to its rollout engine: vLLM's prefix
+    # cache reset (TRL; ms-swift with finished preprocessing bars after it), its CuMem sleep
+    # (NeMo-RL, Ray-prefixed), TRL vllm-serve's /update_named_param/ requests
+    ("r7-hang-slow/017_trl-grpo-vllm-colocate-peft-hang-after-step6.log", "hang", "symptom"),
+    ("r7-hang-slow/008_ms-swift-grpo-lora-colocate-hang-at-rollout.log", "hang", "symptom"),
+    ("r4-nvidia/011_nemorl-gym-grpo-qwen3-32b-step2-save.log", "hang", "symptom"),
+    ("r8-rl/007_trl-vllm-serve-stuck-after-weight-update-hang.log", "hang", "symptom"),
 ]
 
 
@@ -336,6 +343,44 @@ def test_the_start_up_lines_are_data_and_a_bad_row_is_refused(tmp_path):
         (d / "layers" / "startup.yaml").write_text("schema_version: 1\n" + bad + "\n")
         with pytest.raises(layers.LayerError):
             layers.load_tables(str(d))
+
+
+def test_the_rollout_sync_lines_are_data_and_a_bad_row_is_refused(tmp_path):
+    """The weight hand-over table lives in signatures/layers/rollout.yaml; the loader checks it
+    as it does the start-up table, and the two tables do not read each other's lines."""
+    from diagnose.analyze import layers
+    from diagnose.db import default_path
+
+    tables = layers.load_tables(str(default_path()))
+    sync = "INFO 06-30 11:57:50 [block_pool.py:264] Successfully reset prefix cache"
+    assert tables.rollout_sync_line(sync) and not tables.startup_line(sync)
+    assert tables.rollout_sync_line('INFO:     127.0.0.1:52740 - "POST /update_named_param/ HTTP/1.1" 200 OK')
+    assert not tables.rollout_sync_line('INFO:     127.0.0.1:52740 - "GET /metrics HTTP/1.1" 200 OK')
+    assert not tables.rollout_sync_line("All DDP processes registered. Starting ddp with 2 processes")
+    for i, bad in enumerate(("rollout_sync_lines: [{id: x}]", "rollout_sync_lines: [{id: x, regex: '('}]",
+                             "rollout_sync_lines: [{id: nccl-info-setup, regex: a}]\nstartup_lines: [{id: nccl-info-setup, regex: b}]")):
+        d = tmp_path / str(i)
+        (d / "layers").mkdir(parents=True)
+        (d / "layers" / "rollout.yaml").write_text("schema_version: 1\n" + bad + "\n")
+        with pytest.raises(layers.LayerError):
+            layers.load_tables(str(d))
+
+
+def test_output_that_stops_after_a_finished_bar_still_stops_in_the_weight_sync(tmp_path):
+    """A finished progress bar (a short preprocessing loop at N/N) after the engine's prefix-cache
+    reset is not progress; a bar still running is, and so is a metrics line after it."""
+    head = ("Train:   2%|▏         | 56/2290 [1:41:55<93:10:01, 150.14s/it]\n"
+            "INFO 10-10 17:06:36 [block_pool.py:292] Successfully reset prefix cache\n")
+    cases = {"100%|██████████| 32/32 [00:00<00:00, 52966.74it/s]\n": "MB-SYM-014",
+             " 25%|██▌       | 8/32 [00:00<00:00, 1502.95it/s]\n": None,
+             "{'loss': 0.102, 'grad_norm': 0.53, 'epoch': 0.01}\n": None}
+    for i, (tail, want) in enumerate(cases.items()):
+        log = tmp_path / f"{i}.log"
+        log.write_text(head + tail + tail)
+        rc = diagnose_paths([str(log)], jobs=1).root_cause
+        assert (rc.finding.signature.id if rc else None) == want, tail
+        if want:
+            assert rc.hit.line == 2 and "reset prefix cache" in rc.hit.text
 
 
 def test_a_cut_row_reads_only_a_traceback_that_lost_its_exception_line(tmp_path):
