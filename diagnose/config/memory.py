@@ -331,144 +331,222 @@ def _bytes_per_param(cfg: RunConfig, lay: _Layout, notes: list) -> _Bytes:
 
 
 # --- the estimate --------------------------------------------------------------------------------
-def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = None,
-             gpu_memory_gb: float | None = None, gpus_per_node: int = 8) -> MemoryEstimate:
-    notes: list = []
-    lay = _layout(cfg, world_size, notes)
+@dataclass(frozen=True)
+class _Shape:
+    """The model's dimensions, as the memory model reads them from the config."""
+
+    L: int  # layers
+    h: int  # hidden size
+    E: int  # routed experts (0: dense)
+    pattern: list  # 1 where layer i is a MoE layer
+    ffn: int
+    ffn_moe: int
+    k: int  # experts per token
+    shared: int  # shared-expert width
+    Vp: int  # padded vocabulary
+    s: int  # sequence length
+    b: int  # micro-batch size
+    gbs: int | None
+    gated: bool
+    tied: bool
+
+
+def _shape(cfg: RunConfig, lay: _Layout) -> _Shape:
     L = _need(cfg, "model.num_layers")
     h = _need(cfg, "model.hidden_size")
-    n = _need(cfg, "model.num_attention_heads")
-    g = _int(cfg, "model.num_query_groups") or n
-    d = _int(cfg, "model.kv_channels") or h // n
     E = _int(cfg, "model.num_moe_experts", 0) or 0
     pattern = _moe_pattern(cfg, L, E)
     ffn = _int(cfg, "model.ffn_hidden_size") or (4 * h if 0 in pattern else 0)
     if 0 in pattern and not ffn:
         raise MemoryModelError("the memory model needs model.ffn_hidden_size")
-    ffn_moe = (_int(cfg, "model.moe_ffn_hidden_size") or ffn) if E else 0
-    k = (_int(cfg, "model.moe_router_topk", 2) or 2) if E else 0
-    shared = _int(cfg, "model.moe_shared_expert_intermediate_size", 0) or 0
     V = _need(cfg, "model.vocab_size")
     s = _int(cfg, "model.seq_length") or _int(cfg, "dataset.sequence_length") or _int(cfg, "dataset.seq_length")
     if not s:
         raise MemoryModelError("the memory model needs model.seq_length (or dataset.sequence_length)")
-    b = _int(cfg, "train.micro_batch_size", 1) or 1
-    gbs = _int(cfg, "train.global_batch_size")
     gated = cfg.get("model.gated_linear_unit")
-    gated = True if gated is None else bool(gated)
-    tied = bool(cfg.get("model.share_embeddings_and_output_weights", False))
-    mlp_mats = 3 if gated else 2
     div = (_int(cfg, "model.make_vocab_size_divisible_by", 128) or 128) * lay.tp
-    Vp = int(math.ceil(V / div) * div)
+    return _Shape(
+        L=L, h=h, E=E, pattern=pattern, ffn=ffn,
+        ffn_moe=(_int(cfg, "model.moe_ffn_hidden_size") or ffn) if E else 0,
+        k=(_int(cfg, "model.moe_router_topk", 2) or 2) if E else 0,
+        shared=_int(cfg, "model.moe_shared_expert_intermediate_size", 0) or 0,
+        Vp=int(math.ceil(V / div) * div), s=s, b=_int(cfg, "train.micro_batch_size", 1) or 1,
+        gbs=_int(cfg, "train.global_batch_size"), gated=True if gated is None else bool(gated),
+        tied=bool(cfg.get("model.share_embeddings_and_output_weights", False)),
+    )
 
-    # parameters per layer: (tensor-parallel sharded, replicated, expert-sharded) on one GPU
-    attn_tp, attn_rep = _attention_params(cfg, h, n, g, d, notes)
-    norms = 2 * h
-    dense_mlp = h * ffn * mlp_mats
-    experts = E * h * ffn_moe * mlp_mats
-    shared_mlp = h * shared * mlp_mats
 
-    by = _bytes_per_param(cfg, lay, notes)
-    param_bytes, grad_bytes, f, shard_dense, shard_exp = by.param, by.grad, by.f, by.shard_dense, by.shard_exp
-    opt_gpu = lambda shard: (by.master + by.moments * (1 - f)) / shard  # noqa: E731
+@dataclass(frozen=True)
+class _Activations:
+    """How the run keeps its activations: recompute, activation offload."""
 
-    # activations per layer and microbatch (bytes)
-    T = s * b / lay.cp
-    act_mult = 6 if gated else 4
+    gran: str | None  # recompute granularity: full, selective or None
+    method: str | None  # full recompute: uniform or block
+    r_layers: int  # layers per recompute chunk (uniform) or recomputed layers (block)
+    modules: list  # selective recompute's modules
+    n_off: int  # layers whose activations are offloaded
+    double_buffering: bool
 
-    def layer_act(is_moe: bool) -> float:
-        mlp = (k * (act_mult * ffn_moe + 4 * h) + 4 * E + act_mult * shared) if is_moe else act_mult * ffn
-        if lay.sp:
-            return T * (18 * h + mlp) / lay.tp
-        return T * (10 * h + (8 * h + mlp) / lay.tp)
 
-    ckpt_input = 2 * T * h / (lay.tp if lay.sp else 1)
-    gran = cfg.get("model.recompute_granularity")
-    method = cfg.get("model.recompute_method")
-    r_layers = _int(cfg, "model.recompute_num_layers", 1) or 1
+def _activations(cfg: RunConfig, notes: list) -> _Activations:
     act_offload = (
         bool(cfg.get("model.cpu_offloading")) and cfg.get("model.cpu_offloading_activations", True) is not False
     )
-    n_off = max(0, _int(cfg, "model.cpu_offloading_num_layers", 0) or 0) if act_offload else 0
-    sel_modules = cfg.get("model.recompute_modules") or ["core_attn"]
+    modules = cfg.get("model.recompute_modules") or ["core_attn"]
+    gran = cfg.get("model.recompute_granularity")
     if gran == "selective":
-        notes.append(f"selective recompute of {', '.join(map(str, sel_modules))}: core attention is not stored "
+        notes.append(f"selective recompute of {', '.join(map(str, modules))}: core attention is not stored "
                      "in any case (flash attention)")
     if cfg.get("model.fine_grained_activation_offloading"):
         notes.append("fine-grained activation offloading is not modelled (activations counted on the GPU)")
     if cfg.get("model.cpu_offloading") and cfg.get("model.cpu_offloading_weights"):
         notes.append("weight offloading: no effect on the estimate (parameters stay on the GPU for the optimizer)")
+    return _Activations(
+        gran=gran, method=cfg.get("model.recompute_method"),
+        r_layers=_int(cfg, "model.recompute_num_layers", 1) or 1, modules=modules,
+        n_off=max(0, _int(cfg, "model.cpu_offloading_num_layers", 0) or 0) if act_offload else 0,
+        double_buffering=bool(cfg.get("model.cpu_offloading_double_buffering")),
+    )
 
-    m = (gbs // (b * lay.dp)) if gbs and gbs >= b * lay.dp else None
-    stages = [0] if lay.pp == 1 else [0, lay.pp - 1]
-    best = None
-    for st in stages:
-        layers = _stage_layers(L, lay.pp, lay.vpp, st, _int(cfg, "model.num_layers_in_first_pipeline_stage"),
-                               _int(cfg, "model.num_layers_in_last_pipeline_stage"))
-        n_moe = sum(pattern[i] for i in layers if i < L)
-        n_dense = len(layers) - n_moe
-        p_tp = len(layers) * attn_tp + n_dense * dense_mlp + n_moe * shared_mlp
-        p_rep = len(layers) * (norms + attn_rep) + n_moe * h * E
-        p_exp = n_moe * experts
-        first, last = st == 0, st == lay.pp - 1
-        if first:
-            p_tp += Vp * h
-        if last:
-            p_rep += h  # final norm
-            if not (tied and lay.pp == 1):
-                p_tp += Vp * h
-            mtp = _int(cfg, "model.mtp_num_layers", 0) or 0
-            if mtp:
-                p_tp += mtp * (attn_tp + (shared_mlp if E else dense_mlp) + 2 * h * h)
-                p_rep += mtp * (norms + attn_rep + 2 * h + (h * E if E else 0))
-                p_exp += mtp * (experts if E else 0)
-        dense_local = p_tp / lay.tp + p_rep
-        exp_local = p_exp / (lay.ep * lay.etp)
-        weights = param_bytes * (dense_local + exp_local)
-        grads = grad_bytes * (dense_local + exp_local)
-        optim = dense_local * opt_gpu(shard_dense) + exp_local * opt_gpu(shard_exp)
-        host_per_gpu = HOST_BYTES_PER_OFFLOADED_PARAM * f * (dense_local / shard_dense + exp_local / shard_exp)
-        steady = weights + grads + optim
 
-        # activations
-        per_layer = [layer_act(bool(pattern[i])) for i in layers if i < L]
-        nl = len(per_layer)
-        working = 0.0
-        if gran == "full":
-            r = max(1, min(r_layers, nl)) if nl else 1
-            if method == "block":
-                stored = r * ckpt_input + sum(per_layer[r:])
-                working = max(per_layer[:r], default=0.0)
-            else:  # uniform: chunks of r layers, only each chunk's input is kept
-                stored = math.ceil(nl / r) * ckpt_input
-                working = sum(sorted(per_layer, reverse=True)[:r])
-        else:
-            stored = sum(per_layer)
-            if gran == "selective" and any(x in ("mlp", "moe") for x in sel_modules):
-                stored -= sum(per_layer) * 0.5  # the MLP half is recomputed
-            if n_off:
-                kept = per_layer[n_off:] if n_off < nl else []
-                stored = sum(kept) + (per_layer[0] if nl else 0.0)  # + one layer in transit
-                if cfg.get("model.cpu_offloading_double_buffering"):
-                    stored += per_layer[0] if nl else 0.0
-        if lay.pp == 1:
-            in_flight = 1.0
-        else:
-            in_flight = float(min(m, lay.pp - st) if m else lay.pp - st)
-            if lay.vpp > 1:
-                in_flight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
-        acts = stored * in_flight + working
-        if first:
-            acts += in_flight * (8 * T + 2 * T * h / (lay.tp if lay.sp else 1))  # input ids + embedding output
-        if last:
-            acts += 4 * T * (h + Vp) / lay.tp  # fp32 logits and loss
-        peak = steady + acts
-        name = "only stage (PP=1)" if lay.pp == 1 else ("first stage" if first else "last stage")
-        cand = (peak, steady, weights, grads, optim, acts, host_per_gpu, name, in_flight)
-        if best is None or peak > best[0]:
-            best = cand
-    assert best is not None  # at least one stage was sized
-    peak, steady, weights, grads, optim, acts, host_per_gpu, stage, in_flight = best
+def _layer_activation(sh: _Shape, lay: _Layout, is_moe: bool) -> float:
+    """Bytes of one layer's activations for one micro-batch (Korthikanti et al., flash attention)."""
+    T = sh.s * sh.b / lay.cp
+    act_mult = 6 if sh.gated else 4
+    if is_moe:
+        mlp = sh.k * (act_mult * sh.ffn_moe + 4 * sh.h) + 4 * sh.E + act_mult * sh.shared
+    else:
+        mlp = act_mult * sh.ffn
+    if lay.sp:
+        return T * (18 * sh.h + mlp) / lay.tp
+    return T * (10 * sh.h + (8 * sh.h + mlp) / lay.tp)
+
+
+def _kept(per_layer: list, act: _Activations, ckpt_input: float) -> tuple[float, float]:
+    """(stored, working): the bytes a micro-batch keeps between its forward and backward passes
+    on one stage, and the bytes of the chunk being recomputed in its backward pass."""
+    nl = len(per_layer)
+    if act.gran == "full":
+        r = max(1, min(act.r_layers, nl)) if nl else 1
+        if act.method == "block":
+            return r * ckpt_input + sum(per_layer[r:]), max(per_layer[:r], default=0.0)
+        # uniform: chunks of r layers, only each chunk's input is kept
+        return math.ceil(nl / r) * ckpt_input, sum(sorted(per_layer, reverse=True)[:r])
+    stored = sum(per_layer)
+    if act.gran == "selective" and any(x in ("mlp", "moe") for x in act.modules):
+        stored -= sum(per_layer) * 0.5  # the MLP half is recomputed
+    if act.n_off:
+        kept = per_layer[act.n_off:] if act.n_off < nl else []
+        stored = sum(kept) + (per_layer[0] if nl else 0.0)  # + one layer in transit
+        if act.double_buffering:
+            stored += per_layer[0] if nl else 0.0
+    return stored, 0.0
+
+
+def _micro_batches(sh: _Shape, lay: _Layout) -> int | None:
+    """Micro-batches per iteration on one data-parallel rank (None: global batch size unknown)."""
+    return (sh.gbs // (sh.b * lay.dp)) if sh.gbs and sh.gbs >= sh.b * lay.dp else None
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One pipeline stage's bytes per GPU."""
+
+    name: str
+    weights: float
+    grads: float
+    optim: float
+    acts: float
+    host_per_gpu: float  # offloaded optimizer state on the host, per GPU
+    in_flight: float  # micro-batches in flight
+
+    @property
+    def steady(self) -> float:
+        return self.weights + self.grads + self.optim
+
+    @property
+    def peak(self) -> float:
+        return self.steady + self.acts
+
+
+def _stage(cfg: RunConfig, lay: _Layout, sh: _Shape, attn: tuple[int, int], by: _Bytes, act: _Activations,
+           st: int) -> _Stage:
+    """Parameters, optimizer state and activations of pipeline stage ``st`` on one GPU."""
+    h, E = sh.h, sh.E
+    attn_tp, attn_rep = attn
+    mlp_mats = 3 if sh.gated else 2
+    norms = 2 * h
+    dense_mlp = h * sh.ffn * mlp_mats
+    experts = E * h * sh.ffn_moe * mlp_mats
+    shared_mlp = h * sh.shared * mlp_mats
+
+    layers = _stage_layers(sh.L, lay.pp, lay.vpp, st, _int(cfg, "model.num_layers_in_first_pipeline_stage"),
+                           _int(cfg, "model.num_layers_in_last_pipeline_stage"))
+    n_moe = sum(sh.pattern[i] for i in layers if i < sh.L)
+    n_dense = len(layers) - n_moe
+    p_tp = len(layers) * attn_tp + n_dense * dense_mlp + n_moe * shared_mlp
+    p_rep = len(layers) * (norms + attn_rep) + n_moe * h * E
+    p_exp = n_moe * experts
+    first, last = st == 0, st == lay.pp - 1
+    if first:
+        p_tp += sh.Vp * h
+    if last:
+        p_rep += h  # final norm
+        if not (sh.tied and lay.pp == 1):
+            p_tp += sh.Vp * h
+        mtp = _int(cfg, "model.mtp_num_layers", 0) or 0
+        if mtp:
+            p_tp += mtp * (attn_tp + (shared_mlp if E else dense_mlp) + 2 * h * h)
+            p_rep += mtp * (norms + attn_rep + 2 * h + (h * E if E else 0))
+            p_exp += mtp * (experts if E else 0)
+    dense_local = p_tp / lay.tp + p_rep
+    exp_local = p_exp / (lay.ep * lay.etp)
+
+    def opt_gpu(shard: float) -> float:
+        return (by.master + by.moments * (1 - by.f)) / shard
+
+    # activations: what each micro-batch keeps, times the micro-batches in flight
+    T = sh.s * sh.b / lay.cp
+    per_layer = [_layer_activation(sh, lay, bool(sh.pattern[i])) for i in layers if i < sh.L]
+    stored, working = _kept(per_layer, act, 2 * T * h / (lay.tp if lay.sp else 1))
+    m = _micro_batches(sh, lay)
+    if lay.pp == 1:
+        in_flight = 1.0
+    else:
+        in_flight = float(min(m, lay.pp - st) if m else lay.pp - st)
+        if lay.vpp > 1:
+            in_flight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+    acts = stored * in_flight + working
+    if first:
+        acts += in_flight * (8 * T + 2 * T * h / (lay.tp if lay.sp else 1))  # input ids + embedding output
+    if last:
+        acts += 4 * T * (h + sh.Vp) / lay.tp  # fp32 logits and loss
+    return _Stage(
+        name="only stage (PP=1)" if lay.pp == 1 else ("first stage" if first else "last stage"),
+        weights=by.param * (dense_local + exp_local),
+        grads=by.grad * (dense_local + exp_local),
+        optim=dense_local * opt_gpu(by.shard_dense) + exp_local * opt_gpu(by.shard_exp),
+        acts=acts,
+        host_per_gpu=HOST_BYTES_PER_OFFLOADED_PARAM * by.f * (dense_local / by.shard_dense + exp_local / by.shard_exp),
+        in_flight=in_flight,
+    )
+
+
+def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = None,
+             gpu_memory_gb: float | None = None, gpus_per_node: int = 8) -> MemoryEstimate:
+    """The most-loaded pipeline stage's memory per GPU, and the verdict against ``gpu``."""
+    notes: list = []
+    lay = _layout(cfg, world_size, notes)
+    sh = _shape(cfg, lay)
+    n = _need(cfg, "model.num_attention_heads")
+    g = _int(cfg, "model.num_query_groups") or n
+    d = _int(cfg, "model.kv_channels") or sh.h // n
+    attn = _attention_params(cfg, sh.h, n, g, d, notes)
+    by = _bytes_per_param(cfg, lay, notes)
+    act = _activations(cfg, notes)
+    # the first and the last stage: the embedding, the output layer and the most micro-batches
+    stages = [_stage(cfg, lay, sh, attn, by, act, st) for st in ([0] if lay.pp == 1 else [0, lay.pp - 1])]
+    worst = max(stages, key=lambda x: x.peak)
 
     if gpu_memory_gb is not None:
         capacity = float(gpu_memory_gb)
@@ -480,24 +558,24 @@ def estimate(cfg: RunConfig, world_size: int | None = None, gpu: str | None = No
             notes.append("GPU: H100 80GB assumed (give --gpu or --gpu-memory)")
     margin = MARGIN_FIXED_GB + MARGIN_FRACTION * capacity
     per_node = min(gpus_per_node, lay.world)
-    host_gb = host_per_gpu * per_node / GB
+    host_gb = worst.host_per_gpu * per_node / GB
     pinned_bytes = PINNED_BYTES_PER_OFFLOADED_PARAM + (4 if cfg.get("optimizer.pin_cpu_grads") is not False else 0)
     pinned_gb = host_gb * pinned_bytes / HOST_BYTES_PER_OFFLOADED_PARAM
     breakdown = {
-        "weights": weights / GB, "grads": grads / GB, "optimizer_gpu": optim / GB, "activations": acts / GB,
-        "margin": margin,
+        "weights": worst.weights / GB, "grads": worst.grads / GB, "optimizer_gpu": worst.optim / GB,
+        "activations": worst.acts / GB, "margin": margin,
     }
-    if f:
-        breakdown["optimizer_host_per_gpu"] = host_per_gpu / GB
+    if by.f:
+        breakdown["optimizer_host_per_gpu"] = worst.host_per_gpu / GB
     if lay.pp > 1:
-        notes.append(f"most-loaded stage: {stage}; {in_flight:g} microbatch(es) in flight")
-    if m is None and lay.pp > 1:
+        notes.append(f"most-loaded stage: {worst.name}; {worst.in_flight:g} microbatch(es) in flight")
+    if _micro_batches(sh, lay) is None and lay.pp > 1:
         notes.append("global batch size unknown: as many microbatches in flight as pipeline stages")
-    if E:
+    if sh.E:
         notes.append("MoE: tokens assumed balanced across experts (no dispatcher workspace, no imbalance)")
-    peak_gb = peak / GB
+    peak_gb = worst.peak / GB
     return MemoryEstimate(
-        per_gpu_gb=steady / GB, peak_gb=peak_gb, capacity_gb=capacity, fits=peak_gb + margin <= capacity,
-        host_gb=host_gb, breakdown=breakdown, world_size=lay.world, notes=notes, stage=stage, gpu=gpu_name,
+        per_gpu_gb=worst.steady / GB, peak_gb=peak_gb, capacity_gb=capacity, fits=peak_gb + margin <= capacity,
+        host_gb=host_gb, breakdown=breakdown, world_size=lay.world, notes=notes, stage=worst.name, gpu=gpu_name,
         margin_gb=margin, pinned_gb=pinned_gb,
     )
