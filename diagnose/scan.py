@@ -19,8 +19,9 @@ from .db import Database
 from .logs import lines as L
 from .logs import read as R
 from .logs import structure as S
-from .match.engine import Engine, compiled, verify
+from .match.engine import Engine
 from .match.engines import make_engine
+from .match.verify import compiled, verify
 from .model import Hit, Severity
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d{1,6})(?!\d)", re.I)

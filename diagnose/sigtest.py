@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .config.runconfig import RunConfig
 from .db import Database
-from .match.engine import line_matches
+from .match.verify import line_matches
 from .model import Scope, Signature
 
 

@@ -71,7 +71,7 @@ def test_signature_anchors_stay_rare_on_a_generated_log(tmp_path, db):
     Python (prefix split, regex): the scan of a big log then crawls. No signature's anchors may
     hit more than 0.5% of the lines of a generated training log (MB-NAN-007 anchors the non-zero
     NaN counts, MB-IMP-014 "deprecat", not the field or "UserWarning:" itself)."""
-    from diagnose.match.engine import scan_anchors
+    from diagnose.match.anchors import scan_anchors
     from diagnose.match.engines import make_engine
 
     log = tmp_path / "g.log"

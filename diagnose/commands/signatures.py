@@ -172,7 +172,7 @@ def export(what, signatures_only, mcore_version):
 
         click.echo(markdown(load_db()), nl=False)
         return exitcodes.OK
-    from ..match.engine import line_pattern, scan_anchors
+    from ..match.anchors import line_pattern, scan_anchors
 
     db = load_db()
     anchors = scan_anchors(db, {"megatron-core": mcore_version} if mcore_version else None,

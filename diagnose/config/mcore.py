@@ -5,7 +5,7 @@ Builds MCore's own ``TransformerConfig`` (from ``model.*``) and ``OptimizerConfi
 ``__post_init__``), catches the real exception, and names it through the signature database: the
 exception's ``Type: message`` line, and the source line that raised it (for MCore's bare
 ``assert``s with an empty message), are matched against every line signature with
-``match.engine.line_matches``; of those that match, the ones that apply to the installed MCore
+``match.verify.line_matches``; of those that match, the ones that apply to the installed MCore
 version win.
 
 What is converted: dtype names (``torch.bfloat16``) to torch dtypes, dotted function names under
@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..db import Database, applies_to
-from ..match.engine import line_matches
+from ..match.verify import line_matches
 from ..model import Role, Scope, Signature
 from .runconfig import RunConfig
 

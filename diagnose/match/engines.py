@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .engine import Engine, RegexEngine
+from .engine import Engine
+from .regex_engine import RegexEngine
 
 
 def available_engines() -> dict[str, type]:

@@ -3,7 +3,7 @@
 All anchors are compiled as literals (Hyperscan >= 5.2's literal compiler; regex-escaped
 expressions where that compiler is missing) into one block-mode database; ids index the literal
 table, so a match's end offset gives its start (no start-of-match tracking needed). Results are
-those of :class:`~diagnose.match.engine.RegexEngine` exactly: every occurrence of every literal.
+those of :class:`~diagnose.match.regex_engine.RegexEngine` exactly: every occurrence of every literal.
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from diagnose.diagnosis import analyze
 from diagnose.logs import structure as S
-from diagnose.match.engine import RegexEngine
 from diagnose.match.engines import available_engines, make_engine
+from diagnose.match.regex_engine import RegexEngine
 from diagnose.scan import Scanner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,7 +201,7 @@ def test_exported_patterns_match_what_the_engine_matches(run_cli, tmp_path):
     import subprocess
 
     from diagnose import db as DB
-    from diagnose.match.engine import scan_anchors
+    from diagnose.match.anchors import scan_anchors
 
     code, out, _ = run_cli("signatures", "export", "--patterns")
     assert code == 0
@@ -276,7 +276,7 @@ def test_a_plan_that_stops_fitting_the_data_is_made_again(db):
     """A plan made from a buffer without iteration lines meets buffers full of them (one file per
     rank: only the last rank prints them): such a buffer costs more per byte, and the engine plans
     again from the next large one; the results never change."""
-    from diagnose.match.engine import scan_anchors
+    from diagnose.match.anchors import scan_anchors
 
     anchors = scan_anchors(db)
     quiet = b"".join(b"node0001:12345:12399 [3] NCCL INFO Channel %02d/0 : 3[3] -> 4[4] via P2P/CUMEM/read\n" % (i % 32)

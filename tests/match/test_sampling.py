@@ -9,8 +9,9 @@ import pytest
 
 from diagnose.analyze import symptoms
 from diagnose.logs import structure as S
-from diagnose.match.engine import Engine, RegexEngine
+from diagnose.match.engine import Engine
 from diagnose.match.engines import available_engines, make_engine
+from diagnose.match.regex_engine import RegexEngine
 from diagnose.scan import Scanner
 
 ANCHORS = {"@iteration": ("elapsed time per iteration (ms):",), "@memory": (" memory (MB) | ", " memory (GB) | "),

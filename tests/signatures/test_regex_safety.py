@@ -17,7 +17,7 @@ import pytest
 from diagnose import db as DB
 from diagnose import regex_safety as RS
 from diagnose.logs.read import MAX_LINE
-from diagnose.match.engine import compiled, verify
+from diagnose.match.verify import compiled, verify
 
 N = 100_000
 LINE_BUDGET_S = 0.1  # CPU seconds per 100 kB line (verify's wall-clock timeout is 0.25 s)
@@ -94,7 +94,7 @@ def test_a_regex_timeout_costs_one_line_not_the_scan():
     """Should a regex still be slow somewhere, verify times out and the line simply does not match."""
     import dataclasses
 
-    from diagnose.match.engine import line_matches
+    from diagnose.match.verify import line_matches
 
     slow = dataclasses.replace(REGEX_SIGS[0], regex=r"^(?:x+x+)+y", anchors=("x",))
     with pytest.raises(TimeoutError):
