@@ -40,7 +40,7 @@ def analyze(db: Database, res: ScanResult, config: RunConfig | None = None,
     tables = layers.load_tables(db.root) if db.root else None
     metrics = symptoms.compute(res.structure, baseline_ms,
                                tables.startup_line if tables and tables.startup else None,
-                               tables.rollout_sync_line if tables and tables.rollout_sync else None)
+                               tables.stops() if tables else None)
     if baseline_run is not None:
         from .compare import side_from_report, slowdown_against
 

@@ -2,15 +2,16 @@
 
 Data, loaded and checked with the database (db.py): the rows that read an exception by its type
 and message (``by_exception``), a traceback by its frames and source lines (``by_traceback``),
-what the job was doing just before a failure (``by_context``), the lines a job prints while
-it sets up its process groups (``startup_lines``) and those an RL job prints while it hands its
-weights to the rollout engine (``rollout_sync_lines``). analyze/layers.py applies the rows;
-analyze/symptoms.py reads the line tables.
+what the job was doing just before a failure (``by_context``), and the line tables: kinds of
+line that output can stop on (the lines a job prints while it sets up its process groups,
+``startup_lines``; while an RL job hands its weights to the rollout engine,
+``rollout_sync_lines``; while NCCL retries a connection, ``connect_retry_lines``).
+analyze/layers.py applies the rows; analyze/symptoms.py reads the line tables.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
 from pathlib import Path
 
 import regex
@@ -76,10 +77,13 @@ class Tables:
     by_exception: tuple
     by_traceback: tuple
     by_context: tuple = ()
-    # (id, regex) of the lines a job prints while it sets up its process groups (startup.yaml)
-    startup: tuple = ()
-    # (id, regex) of the lines of an RL job's weight hand-over to its rollout engine (rollout.yaml)
-    rollout_sync: tuple = ()
+    # line table name (LINE_TABLES) -> its (id, regex) rows
+    lines: dict = field(default_factory=dict)
+
+    @property
+    def startup(self) -> tuple:
+        """The rows of the lines a job prints while it sets up its process groups (startup.yaml)."""
+        return self.lines.get("startup_lines", ())
 
     def startup_line(self, text: str) -> bool:
         """Is ``text`` a distributed start-up line (``startup_lines``)?"""
@@ -87,7 +91,13 @@ class Tables:
 
     def rollout_sync_line(self, text: str) -> bool:
         """Is ``text`` a line of the weight hand-over to a rollout engine (``rollout_sync_lines``)?"""
-        return _any(self.rollout_sync, text)
+        return _any(self.lines.get("rollout_sync_lines", ()), text)
+
+    def stops(self) -> dict:
+        """{metric: predicate} for the line tables read at the end of any log, progress or not
+        (LINE_TABLES): the start-up table is read apart, only where no step was made."""
+        return {metric: partial(_any, self.lines[name])
+                for name, metric in LINE_TABLES.items() if metric and self.lines.get(name)}
 
     def rows(self):
         return self.by_exception + self.by_traceback + self.by_context
@@ -103,7 +113,14 @@ def _any(table: tuple, text: str) -> bool:
     return False
 
 
-LINE_TABLES = ("startup_lines", "rollout_sync_lines")  # sections of {id, regex} rows
+# sections of {id, regex} rows, and the metric (analyze/symptoms.py) set where every file of a
+# log stops on one of their lines; the start-up table's (ends_in_init) also needs a log without
+# a step, so symptoms.compute reads it apart
+LINE_TABLES = {
+    "startup_lines": None,
+    "rollout_sync_lines": "ends_in_rollout_sync",
+    "connect_retry_lines": "ends_in_connect_retry",
+}
 
 
 def _row(raw, fname: str, section: str) -> Row:
@@ -187,8 +204,7 @@ def _load(db_root: str) -> Tables:
                     raise LayerError(f"{path.name}: {row.id}: duplicate row id")
                 seen.add(row.id)
                 out.append(row)
-    return Tables(tuple(exc), tuple(tb), tuple(ctx), tuple(lines["startup_lines"]),
-                  tuple(lines["rollout_sync_lines"]))
+    return Tables(tuple(exc), tuple(tb), tuple(ctx), {name: tuple(rows) for name, rows in lines.items()})
 
 
 def check_against(tables: Tables, db) -> None:

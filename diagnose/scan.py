@@ -21,7 +21,7 @@ from .logs import read as R
 from .logs import structure as S
 from .match.engine import Engine
 from .match.engines import make_engine
-from .match.verify import compiled, verify
+from .match.verify import compiled, excluded, verify
 from .model import Hit, Severity
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d{1,6})(?!\d)", re.I)
@@ -263,7 +263,8 @@ class Scanner:
             except TimeoutError:
                 m = None
             first = min((bare.find(a) for a in sig.anchors if a in bare), default=-1)
-            if m is not None and m.partial and m.end() == len(bare) and 0 <= m.start() <= first:
+            if (m is not None and m.partial and m.end() == len(bare) and 0 <= m.start() <= first
+                    and not excluded(sig.regex, bare)):
                 return {**{k: v for k, v in m.groupdict().items() if v is not None}, "layer": "anchor"}
         return None
 

@@ -53,6 +53,9 @@ Names (a metric that cannot be computed is absent, i.e. UNKNOWN to predicates):
                          weights posted to its server: the rollout_sync_lines table of
                          signatures/layers/rollout.yaml; warnings and finished progress bars after
                          it skipped), with no exception or failed worker anywhere: a hang there
+  ends_in_connect_retry  1 where every file's output stops while NCCL retries a connection to a
+                         peer (connect_retry_lines of signatures/layers/startup.yaml): the peer
+                         never answers
   offload_fraction       the config's optimizer-offload fraction, where offload is on and more
                          is offloaded than fits needs (analyze/expected.py); offload_fraction_fits:
                          the lowest that fits; offload_factor / offload_factor_fits: their
@@ -78,11 +81,12 @@ def paced_series(s: Structure) -> list:
     return best
 
 
-def compute(s: Structure, baseline_ms: float | None = None, startup_line=None, sync_line=None) -> dict:
+def compute(s: Structure, baseline_ms: float | None = None, startup_line=None, stops: dict | None = None) -> dict:
     """The metrics of ``s``. ``startup_line``: a predicate for distributed start-up lines (the
-    layer tables' ``startup_lines``); without it, ``ends_in_init`` is not computed. ``sync_line``:
-    one for the lines of a weight hand-over to a rollout engine (``rollout_sync_lines``); without
-    it, ``ends_in_rollout_sync`` is not computed."""
+    layer tables' ``startup_lines``); without it, ``ends_in_init`` is not computed. ``stops``:
+    {metric: predicate} of the other kinds of line output can stop on (``Tables.stops``: the
+    weight hand-over to a rollout engine, NCCL retrying a connection); each metric is 1 where
+    every file of the log stops on its kind."""
     m: dict = {}
     pts = s.iterations or paced_series(s)
     t, peaks = s.tally, s.peaks
@@ -128,8 +132,9 @@ def compute(s: Structure, baseline_ms: float | None = None, startup_line=None, s
     m.update(timer_shares(s))
     if startup_line is not None and not pts and not s.step_times and ends_on(s, startup_line, "ends_in_init"):
         m["ends_in_init"] = 1
-    if sync_line is not None and ends_on(s, sync_line, "ends_in_rollout_sync"):
-        m["ends_in_rollout_sync"] = 1
+    for name, kind in (stops or {}).items():
+        if ends_on(s, kind, name):
+            m[name] = 1
     if pts:
         m.update(change_point(pts, s))
     if t.get("overflow_steps"):
@@ -216,6 +221,8 @@ def last_progress(words: list, kind):
     predicate) the file stops on, warnings and finished bars after it skipped; None where the
     file stops on anything else."""
     i = len(words) - 1
+    if i > 0 and _cut_copy(words[i][1], [t for _, t in words[max(0, i - 3):i]]):
+        i -= 1  # a paste cut in the middle of its last line: the line it was a copy of tells
     while i >= 0:
         text = words[i][1]
         if kind(text):
@@ -226,6 +233,12 @@ def last_progress(words: list, kind):
             return None
         i -= 1
     return None
+
+
+def _cut_copy(last: str, before: list) -> bool:
+    """A file's last line cut short: a strict beginning of one of the lines just above it (the
+    same logger's prefix, cut before its message), at least 8 characters long."""
+    return len(last) >= 8 and any(len(b) > len(last) and b.startswith(last) for b in before)
 
 
 def timer_shares(s: Structure) -> dict:
@@ -354,6 +367,7 @@ EVIDENCE_FOR = {
     "overflow_steps": "loss_scale_min",
     "ends_in_init": "ends_in_init",
     "ends_in_rollout_sync": "ends_in_rollout_sync",
+    "ends_in_connect_retry": "ends_in_connect_retry",
     "grad_norm_nan_last": "grad_norm_nan_run",
     "grad_norm_nan_run": "grad_norm_nan_run",
     "loss_jump": "loss_jump",

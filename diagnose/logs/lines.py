@@ -13,6 +13,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 # Launcher prefixes, outermost first. Each strips one layer and may name a rank.
 _PREFIXES = [
+    # a log viewer's table copied row by row (Grafana / Loki, Kibana): empty cells, then the
+    # time cell: "  |   | 2026-03-11 16:42:19.492 | [rank1]: ..."
+    (re.compile(r"^\s*(?:\|\s*)*\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*\|\s?"), "time"),
     # a timestamp (and host) a log shipper or `ts` put in front: "2026-01-09 17:40:31.169 master-0 >> "
     (
         re.compile(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+(?:[\w.\-]+ >> )?"),

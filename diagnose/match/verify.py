@@ -32,3 +32,55 @@ def line_matches(sig: Signature, line: str) -> bool:
         return verify(sig, line) is not None
     except TimeoutError:
         return False
+
+
+_FLAGS = regex.compile(r"\(\?[a-zA-Z]+\)")
+_exclusions: dict[str, regex.Pattern | None] = {}
+
+
+def _leading_exclusion(pattern: str) -> str | None:
+    """The body X of a pattern that starts with ``^(?!X)`` (after inline flags), or None."""
+    flags = ""
+    m = _FLAGS.match(pattern)
+    while m:
+        flags += m.group(0)
+        pattern = pattern[m.end():]
+        m = _FLAGS.match(pattern)
+    if not pattern.startswith("^(?!"):
+        return None
+    depth, i, in_class = 1, 4, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "]":
+                i += 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return flags + "^(?:" + pattern[4:i] + ")"
+        i += 1
+    return None
+
+
+def excluded(pattern: str, text: str) -> bool:
+    """Does ``text`` hold what the pattern's leading ``^(?!X)`` excludes? A partial match (a line
+    cut at the end of a log, scan._recover) does not test lookaheads: the exclusion is asked
+    apart, so a line the pattern excludes is never read as a cut copy of one it matches."""
+    if pattern not in _exclusions:
+        body = _leading_exclusion(pattern)
+        _exclusions[pattern] = regex.compile(body) if body else None
+    rx = _exclusions[pattern]
+    if rx is None:
+        return False
+    try:
+        return rx.search(text, timeout=0.25) is not None
+    except TimeoutError:
+        return True

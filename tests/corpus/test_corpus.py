@@ -199,6 +199,16 @@ LAYER_CASES = [
     ("r7-hang-slow/008_ms-swift-grpo-lora-colocate-hang-at-rollout.log", "hang", "symptom"),
     ("r4-nvidia/011_nemorl-gym-grpo-qwen3-32b-step2-save.log", "hang", "symptom"),
     ("r8-rl/007_trl-vllm-serve-stuck-after-weight-update-hang.log", "hang", "symptom"),
+    # round 11 (dev part): output that stops after "| distributed init (rank N): tcp://..."
+    # (fairseq and the DeiT / MAE family print it before init_process_group); NCCL set-up lines
+    # whose last line the paste cut mid-way; NCCL retrying a connection to its peer
+    ("r11-general/001_fairseq-8gpu-v100-stuck-after-distributed-init-hours.log", "hang", "symptom"),
+    ("r11-nvidia/015_nccl-tests-allreduce-4x1080ti-p2p-hang-after-affinity.log", "hang", "symptom"),
+    ("r3-general/030_fairseq-2node-nccl-connect-refused-retrying.log", "nccl_error", "symptom"),
+    # a py-spy dump whose thread ids are 0x-hex (newer py-spy); a log viewer's table (Grafana /
+    # Loki rows, newest first) whose cells frame each line
+    ("r11-rl/006_swift-sft-qwen25vl-hang-pyspy-decord-video-read.log", "hang", "cascade"),
+    ("r11-rl/005_swift-grpo-trl-import-vllm-ascend-on-cuda-reversed-log.log", "import_error", "exception"),
 ]
 
 

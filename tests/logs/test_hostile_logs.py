@@ -587,3 +587,32 @@ def test_a_job_restarted_many_times_is_read_in_constant_memory(tmp_path):
         assert report.config.get("model.pipeline_model_parallel_size") == 2  # the last restart's
         assert len(report.structure.config_blocks) <= 4
     assert peaks[160] < 1.5 * peaks[40], peaks
+
+
+@pytest.mark.parametrize("line,want", [
+    # NCCL retrying a connection (INFO) is not MB-NCCL-032's failed connection (a WARN): read as
+    # the last line of a log, a line the pattern excludes was once taken as a cut copy of one it
+    # matches (a partial match does not test lookaheads)
+    ("node003:51230:51230 [3] NCCL INFO socketPollConnect: connect returned Connection refused, "
+     "retrying (30/34) after sleep for 3000 msec", "MB-SYM-015"),
+    # the WARN line cut at the end of the paste is still recovered
+    ("node003:51230:51230 [3] misc/socket.cc:484 NCCL WARN socketPollConnect: connect ret", "MB-NCCL-032"),
+])
+def test_a_last_line_the_pattern_excludes_is_not_read_as_cut(tmp_path, line, want):
+    from diagnose.diagnosis import diagnose_paths
+
+    log = tmp_path / "run.log"
+    log.write_text(line + "\n")
+    rc = diagnose_paths([str(log)], jobs=1).root_cause
+    assert rc is not None and rc.finding.signature.id == want
+
+
+def test_the_leading_exclusion_of_a_pattern_is_read_whole():
+    from diagnose.match.verify import _leading_exclusion, excluded
+
+    assert _leading_exclusion(r"(?i)^(?!.*(?:a|b\)))x") == r"(?i)^(?:.*(?:a|b\)))"
+    assert _leading_exclusion(r"^(?![)(]x)y") == r"^(?:[)(]x)"
+    assert _leading_exclusion(r"x^(?!a)") is None and _leading_exclusion(r"^(?=a)b") is None
+    assert excluded(r"^(?![^\n]*NCCL INFO)[^\n]*?Connect", "h:1 NCCL INFO Connect")
+    assert not excluded(r"^(?![^\n]*NCCL INFO)[^\n]*?Connect", "h:1 NCCL WARN Connect")
+    assert not excluded(r"no exclusion here", "anything")
