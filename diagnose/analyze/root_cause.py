@@ -156,6 +156,10 @@ def choose(db: Database, findings: Findings, cfg, metrics: dict, torchrun: list)
             if chosen.signature.id in f.signature.supersedes:
                 chosen = f
     elif layered:
+        # a guess from where a traceback was cut ("suspicion": a step's compute is most often an
+        # OOM) gives way to any other layer's reading (a fragment of the same traceback further
+        # on, cut in a split across ranks; an exception another rank printed)
+        layered = [f for f in layered if "suspicion" not in f.signature.tags] or layered
         earliest = first_hit([f.first for f in layered])
         chosen = next(f for f in layered if f.first is earliest)
     else:

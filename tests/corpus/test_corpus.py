@@ -209,6 +209,11 @@ LAYER_CASES = [
     # Loki rows, newest first) whose cells frame each line
     ("r11-rl/006_swift-sft-qwen25vl-hang-pyspy-decord-video-read.log", "hang", "cascade"),
     ("r11-rl/005_swift-grpo-trl-import-vllm-ascend-on-cuda-reversed-log.log", "import_error", "exception"),
+    # a traceback cut in a split across ranks (ColossalAI's split_tensor_3d), and one whose paste
+    # began mid-line (a headless first fragment cut in forward_step: MB-GEN-025's guess) and goes
+    # on to a source line dividing by the context-parallel size: the specific reading wins
+    ("r11-general/006_colossalai-gpt2-3d-split-tensor-not-multiple-of-world-size.log", "config_divisibility", "traceback"),
+    ("r11-nvidia/012_nemo-sft-packed-cp2-get-batch-on-cp-rank-2cp-split-cut.log", "config_divisibility", "traceback"),
 ]
 
 
