@@ -215,15 +215,17 @@ def impossible_values(data: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def validate(data: dict, skip: tuple = ()) -> list[str]:
-    """Problems (one line each, naming the key's path): unknown sections/keys, wrong types."""
+def validate(data: dict, skip: tuple = (), unknown: bool = True) -> list[str]:
+    """Problems (one line each, naming the key's path): unknown sections/keys (left out with
+    ``unknown=False``), wrong types."""
     sch = schema()
     problems = []
     for sec, body in data.items():
         if sec in skip or sec in ("metrics", "mlm"):  # computed values; MLM arguments without a Bridge path
             continue
         if sec not in sch:
-            problems.append(f"{sec}: unknown section (expected one of: {', '.join(sorted(sch))})")
+            if unknown:
+                problems.append(f"{sec}: unknown section (expected one of: {', '.join(sorted(sch))})")
             continue
         keys = sch[sec]
         if keys is None or body is None:
@@ -243,6 +245,8 @@ def validate(data: dict, skip: tuple = ()) -> list[str]:
             name = str(k).split(".")[-1]
             t = keys.get(name)
             if t is None:
+                if not unknown:
+                    continue
                 import difflib
 
                 near = difflib.get_close_matches(name, list(keys), n=1, cutoff=0.75)

@@ -12,6 +12,7 @@ import yaml
 
 from diagnose import exitcodes
 from diagnose.config import fit as FIT
+from diagnose.config import schema
 from diagnose.config.load import load_config
 from diagnose.config.runconfig import RunConfig
 from diagnose.db import load
@@ -349,6 +350,25 @@ def test_overrides_for_a_megatron_lm_run_are_its_flags(tmp_path):
     out = r.stdout.split()
     assert "--optimizer-cpu-offload" in out and "--optimizer-offload-fraction" in out
     assert "(remove --cpu-offloading)" in r.stdout and "model.cpu_offloading" not in r.stdout
+
+
+def test_a_real_megatron_lm_arguments_dump_still_gets_a_plan(tmp_path):
+    """A real dump holds arguments Bridge has no key for (max_position_embeddings, ...): they are
+    the job's business, never a reason to refuse a plan, whatever the wording of the problem
+    (a did-you-mean once hid 'unknown key' from the planner, and every MLM run got no plan)."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    r = _cli(str(REPO / "fixtures/logs/mlm_optimizer_offload_1.0_slow.log"), "--fix", str(cfg), "--overrides",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.25"]
+    assert "unknown key" not in r.stderr
+
+
+def test_a_config_with_a_near_miss_unknown_key_is_still_planned():
+    data = {"model": {"num_layerz": 4}, "nosuchsection": {"a": 1}}
+    assert PL.unplannable(RunConfig(data)) is None
+    assert any("did you mean" in p for p in schema.validate(data)) and schema.validate(data, unknown=False) == []
 
 
 def test_override_of_a_key_absent_everywhere_gets_a_plus():
