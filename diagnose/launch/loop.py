@@ -197,6 +197,7 @@ class RelaunchLoop:
         self.load_config = load_config
         self.overrides: list[str] = []  # accumulated fix overrides (use_overrides)
         self._applied: dict = {}  # key -> value behind self.overrides
+        self._was: dict = {}  # key -> its value before the first fix (MISSING: absent: "+key=")
         self.fixed: set[str] = set()  # root causes this loop has applied a fix for
         self.changed_any = False
 
@@ -215,9 +216,10 @@ class RelaunchLoop:
             added = []
             for e in edits:
                 self._applied[e.key] = e.new
+                self._was.setdefault(e.key, e.old)
                 added.append(e.override)
-            # one override per key, latest value
-            self.overrides = [PL.PlannedEdit(k, None, v).override for k, v in self._applied.items()]
+            # one override per key, latest value; a key the config never had keeps its "+"
+            self.overrides = [PL.PlannedEdit(k, self._was[k], v).override for k, v in self._applied.items()]
             return "", added
         snap = E.snapshot(self.config_path)
         new = E.render(snap, [(e.key, e.new) for e in edits])

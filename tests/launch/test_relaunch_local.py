@@ -252,3 +252,24 @@ def test_a_launch_command_that_reads_no_config_file_gets_the_fix_as_overrides(tm
     rec = history(tmp_path / "h.jsonl")[-1]
     assert "model.cpu_offloading=false" in rec["command"]
     assert "argv: --recipe tiny model.cpu_offloading=false" in (tmp_path / rec["log"]).read_text()
+
+
+def test_a_relaunch_override_of_a_key_the_config_never_had_keeps_its_plus(tmp_path):
+    """Issue 12, item 6: the relaunch loop rebuilt its overrides from (key, value) and lost the
+    '+' a key absent from Bridge's ConfigContainer needs (OmegaConf refuses to set it without):
+    NCCL's failed connection gets env_vars.NCCL_DEBUG=INFO, which must reach the job as
+    '+env_vars.NCCL_DEBUG=INFO'."""
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    log = tmp_path / "failed.log"
+    log.write_text("node001:48213:48213 [0] NCCL WARN Connect to 10.1.2.3<45678> failed : Connection refused\n")
+    script = tmp_path / "run_recipe.py"
+    script.write_text("import sys\nprint('argv:', ' '.join(sys.argv[1:]), flush=True)\n"
+                      "for i in range(1, 4):\n"
+                      "    print(f' iteration {i:>8}/       3 | elapsed time per iteration (ms): 20.0 | lm loss: 9.0 |',"
+                      " flush=True)\n")
+    cmd = shlex.join([sys.executable, str(script), "--recipe", "tiny"])
+    r = diagnose(str(log), "--fix", "cfg.yaml", "--relaunch", "--launcher", "local", "--launch-cmd", cmd,
+                 "--history", "h.jsonl", cwd=tmp_path)
+    assert r.returncode == exitcodes.FIXED_HEALTHY, r.stderr
+    rec = history(tmp_path / "h.jsonl")[-1]
+    assert "argv: --recipe tiny +env_vars.NCCL_DEBUG=INFO" in (tmp_path / rec["log"]).read_text()
