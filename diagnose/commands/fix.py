@@ -28,6 +28,7 @@ from ..launch.local import split_command
 from ..remedy import causes as C
 from ..remedy import edit as E
 from ..remedy import plan as PL
+from ..remedy import stamp as SP
 from .common import emit_report, load_settings, machine_from_settings
 from .options import FixOptions, Machine
 
@@ -165,10 +166,20 @@ def run_fix(paths, opts: FixOptions, *, db, versions, engine, fmt, quiet) -> int
         elif plan.status == "applied":
             _err(f"diagnose: {fix_path} already has the fix; no override needed", quiet)
         return code
+    # the same failed log twice: its fix is in the file already (a log that printed no config
+    # leaves the file to plan from, and planned again the fix would climb): remedy/stamp.py
+    digest = SP.log_digest(report.inputs) if report is not None and report.inputs else None
+    prior = SP.fixed_from(snap.text, digest) if digest and plan.status == "ok" else None
+    if prior:
+        _err(f"diagnose: {fix_path} already holds the fix made from this log ({prior}); nothing changed: "
+             "run the job again and diagnose its new log", quiet)
+        return STATUS_CODE["applied"]
     try:
         new = E.render(snap, [(e.key, e.new) for e in plan.edits])
     except E.EditError as exc:
         raise click.ClickException(str(exc)) from None
+    if digest and new != snap.text:
+        new = SP.with_stamp(new, ",".join(s.id for s in plan.causes), os.path.basename(report.inputs[0]), digest)
     diff = E.unified_diff(snap.text, new, fix_path)
     result = None
     if not dry_run and diff:

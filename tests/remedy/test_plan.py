@@ -314,6 +314,70 @@ def test_cli_fix_twice_is_one_change_and_one_backup(tmp_path, case):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml", "cfg.yaml.bak"]
 
 
+def _without_printed_config(text: str) -> str:
+    """The seed log without Bridge's "Final configuration:" block (a run that printed none)."""
+    lines, out, inside = text.splitlines(keepends=True), [], False
+    for ln in lines:
+        if "Final configuration:" in ln:
+            inside = True
+            continue
+        if inside and (ln.startswith((" ", "_target_", "-")) or (ln[:1].isalpha() and ln.rstrip().endswith(":"))):
+            continue
+        inside = False
+        out.append(ln)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("case", ["partial_optimizer_offload_oom", "offload_fraction_zero_oom",
+                                  "activation_offload_pp1_oom"])
+def test_cli_fix_again_with_a_log_that_printed_no_config_changes_nothing(tmp_path, case):
+    """Issue 12, item 5: with no config printed in the log, the file is all --fix can plan from,
+    and after the first fix it holds that fix: planned again from the same old failure, the
+    offload fraction climbed 0.25 -> 0.5 -> 0.75 and backups piled up. The file now names the
+    log its fix came from (remedy/stamp.py); the same log again changes nothing, a new log
+    (the job run again) is planned as usual."""
+    log = tmp_path / "run.log"
+    text = _without_printed_config((SEED / f"qwen3_30b_a3b_{case}.log").read_text())
+    assert "Final configuration" not in text and "optimizer_offload_fraction:" not in text
+    log.write_text(text)
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(SEED / f"qwen3_30b_a3b_{case}.yaml", cfg)
+    args = [str(log), "--fix", str(cfg), "--unsafe-fixes", "--world-size", "16"]
+    r1 = _cli(*args, cwd=tmp_path)
+    assert r1.returncode == 0 and "rewrote" in r1.stderr, r1.stderr
+    once = cfg.read_text()
+    assert once.startswith("# diagnose --fix: MB-OFF-10") and " from run.log (log " in once.splitlines()[0]
+    for _ in range(2):
+        r = _cli(*args, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "already holds the fix made from this log" in r.stderr and cfg.read_text() == once
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml", "cfg.yaml.bak", "run.log"]
+    # the job run again and failed again: a new log, a new plan (its fix on top of the first)
+    log.write_text(text + "[rank0]: (the rerun)\n")
+    r = _cli(*args, cwd=tmp_path)
+    assert "already holds" not in r.stderr and r.returncode == 0, r.stderr
+
+
+def test_the_stamp_names_the_log_by_its_bytes_and_keeps_five(tmp_path):
+    from diagnose.remedy import stamp
+
+    a, b = tmp_path / "a.log", tmp_path / "b" / "a.log"
+    b.parent.mkdir()
+    a.write_text("x" * 10)
+    b.write_text("x" * 10)
+    assert stamp.log_digest([a]) == stamp.log_digest([b])  # the same bytes and name, any folder
+    b.write_text("x" * 11)
+    assert stamp.log_digest([a]) != stamp.log_digest([b])
+    text = "model:\n  num_layers: 2\n"
+    for i in range(7):
+        text = stamp.with_stamp(text, f"MB-X-{i}", "run.log", f"{i:012x}")
+    head = text.splitlines()
+    assert [ln.split()[3] for ln in head[:5]] == ["MB-X-6", "MB-X-5", "MB-X-4", "MB-X-3", "MB-X-2"]
+    assert head[5:] == ["model:", "  num_layers: 2"]
+    assert stamp.fixed_from(text, f"{6:012x}") and stamp.fixed_from(text, f"{1:012x}") is None
+    assert stamp.fixed_from("model:\n# diagnose --fix: MB-X from r (log 000000000006)\n", f"{6:012x}") is None
+
+
 def test_cli_says_when_the_file_is_not_the_runs_config(tmp_path):
     """Another job's config given with the seed's log: the run's printed values are used, and said."""
     cfg = tmp_path / "cfg.yaml"
