@@ -178,7 +178,7 @@ def run_fix(paths, opts: FixOptions, *, db, versions, engine, fmt, quiet) -> int
         new = E.render(snap, [(e.key, e.new) for e in plan.edits])
     except E.EditError as exc:
         raise click.ClickException(str(exc)) from None
-    if digest and new != snap.text:
+    if digest and report is not None and new != snap.text:
         new = SP.with_stamp(new, ",".join(s.id for s in plan.causes), os.path.basename(report.inputs[0]), digest)
     diff = E.unified_diff(snap.text, new, fix_path)
     result = None
