@@ -41,11 +41,12 @@ def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -
     if timers:  # before the scope, so that a first screen shows them
         text += f"; the timers: {timers}"
     text += f" (offload factors {SCOPE})"
-    try:  # said, not proposed: turning offload off changes how the optimizer state is kept
+    try:  # the planner turns offload off where the next run loads no optimizer state saved with it
         off = PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_cpu_offload", False)]),
                           PL.Sizing(world_size=world_size))
         if off.fits_with_margin:
-            text += f"; it would also fit with optimizer offload off ({PL.gb(off.peak_gb)})"
+            text += (f"; it would also fit with optimizer offload off ({PL.gb(off.peak_gb)}, no CPU optimizer "
+                     "step: x1.0)")
     except PL.NoFix:
         pass
     return {"offload_fraction": float(f), "offload_fraction_fits": best, "offload_factor": cur,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import re
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -126,6 +127,13 @@ _TE_NAMES = {
 }
 
 
+# an error MCore raises in place of an ImportError it caught ("--use-precision-aware-optimizer
+# requires FusedAdam from TransformerEngine, but not found."): the host lacks a package
+_MISSING_PACKAGE = re.compile(
+    r"(?:TransformerEngine|Transformer Engine|transformer_engine|\bTE\b|\bapex\b|flash[-_ ]?attn)"
+    r"[^.]{0,40}\bbut not (?:found|installed|available)\b")
+
+
 def _te_stand_in(*_a, **_k):  # pragma: no cover - never called: config checks only test presence
     raise RuntimeError("Transformer Engine stand-in (diagnose check --mcore) must not be called")
 
@@ -211,6 +219,10 @@ def validate(cfg: RunConfig, db: Database, versions: dict | None = None) -> list
         except Exception as exc:  # noqa: BLE001 - MCore's own refusal is what we report
             msg = str(exc).strip()
             src = _raising_line(exc)
+            if _MISSING_PACKAGE.search(msg):
+                # MCore caught the ImportError itself and raised its own error: still the host
+                out.append(MCoreResult(stage, type(exc).__name__, msg, src, None, environment=True))
+                continue
             sig = name_exception(db, type(exc).__name__, msg, src, versions)
             out.append(MCoreResult(stage, type(exc).__name__, msg, src, sig))
     return out

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from ..config.fit import FRACTIONS, Estimate, NoFix, _est, _get, _int, _lowest_fraction, _offload_on, gb
 from ..config.runconfig import RunConfig
+from . import resume as RS
 from .cost import slowdown
 from .search import (
     Context,
@@ -43,8 +44,32 @@ def _fraction_reason(f: float, e: Estimate, cfg: RunConfig) -> str:
             f"{gb(e.capacity_gb)}; x{slowdown(f, overlap):.1f} iteration time)")
 
 
+def _without_offload(cfg, ctx, base) -> tuple[list, str] | None:
+    """``base`` with optimizer offload off, where the run fits without it (the minimal fix: no
+    CPU Adam at all); None where it does not fit, or where the next run may load an optimizer
+    state saved with offload on (that the state loads into a run with offload off is not
+    proved here: such a run keeps offload on, at the lowest fraction that fits)."""
+    r = getattr(ctx, "resume", None) or RS.read(cfg)
+    if r.loads is not False and r.optimizer_state and not r.weights_only and \
+            cfg.get("optimizer.optimizer_cpu_offload") is True:
+        return None
+    out = [(k, v) for k, v in base if not k.startswith("optimizer.optimizer_")]
+    if cfg.get("optimizer.optimizer_cpu_offload") is True:
+        out.append(("optimizer.optimizer_cpu_offload", False))
+    if float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0) or 0.0) != 0.0:
+        out.append(("optimizer.optimizer_offload_fraction", 0.0))
+    e = _est(with_changes(cfg, out), ctx)
+    if not e.fits_with_margin:
+        return None
+    return out, (f"optimizer offload off: it fits without it with the memory model's margin ({gb(e.peak_gb)} of "
+                 f"{gb(e.capacity_gb)}; no CPU optimizer step, x1.0 iteration time)")
+
+
 @computed("lowest_fitting_offload_fraction")
 def lowest_fitting_offload_fraction(cfg, ctx, base):
+    off = _without_offload(cfg, ctx, base)
+    if off is not None:
+        return off
     base = _offload_on(base, cfg)
     f, e = _lowest_fraction(cfg, ctx, base)
     return base + [("optimizer.optimizer_offload_fraction", f)], _fraction_reason(f, e, cfg)
@@ -64,6 +89,9 @@ def switch_to_optimizer_offload(cfg, ctx, base):
     base = list(base)
     if _int(cfg, "model.cpu_offloading_num_layers", 0):
         base.append(("model.cpu_offloading_num_layers", 0))
+    off = _without_offload(cfg, ctx, base)
+    if off is not None:
+        return off[0], "activation offload off, and " + off[1]
     base = _offload_on(base, cfg)
     f, e = _lowest_fraction(cfg, ctx, base)
     return base + [("optimizer.optimizer_offload_fraction", f)], \

@@ -53,6 +53,22 @@ def test_offload_above_the_lowest_fitting_fraction_is_a_slowdown_with_its_saving
     assert m["offload_saving"] == pytest.approx(1 - slowdown(0.25, overlap) / slowdown(fraction, overlap), abs=1e-3)
     saved_s = m["iter_ms_median"] * m["offload_saving"] / 1000
     assert f"about {saved_s:.1f} s of every {m['iter_ms_median'] / 1000:.1f} s iteration" in rc.hit.text
+    # the run started from scratch and died before saving: the next run loads no optimizer state,
+    # and it fits without offload (48.7 GB), so the fix is offload off (x1.0), which the text says
+    assert "it would also fit with optimizer offload off (48.7 GB, no CPU optimizer step: x1.0)" in rc.hit.text
+    assert rc.overrides == ["optimizer.optimizer_cpu_offload=false", "optimizer.optimizer_offload_fraction=0.0"]
+
+
+def test_a_run_that_resumes_its_optimizer_state_keeps_offload_on_at_the_lowest_fitting_fraction(tmp_path):
+    """That an optimizer state saved with offload on loads into a run with it off is not proved:
+    a run that resumes one (the log says it loaded a checkpoint) only lowers the fraction."""
+    log = tmp_path / "run.log"
+    log.write_text(" successfully loaded checkpoint from nemo_experiments/default/checkpoints [ t 1/2, p 1/2 ] "
+                   "at iteration 100\n" + RUN.read_text())
+    rep = diagnose_paths([str(log)], config=_config(1.0, False), jobs=1)
+    show_computed_overrides(rep)
+    rc = rep.root_cause
+    assert rc.finding.signature.id == "MB-OFF-105"
     assert rc.overrides == ["optimizer.optimizer_offload_fraction=0.25"]
 
 

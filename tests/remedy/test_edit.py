@@ -161,7 +161,8 @@ def test_cli_fix_rewrites_then_second_fix_changes_nothing(tmp_path):
     p = _copy(tmp_path, TINY)
     r = _cli(str(RUN1), "--fix", str(p), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "-  cpu_offloading: true" in r.stdout and "+  optimizer_cpu_offload: true" in r.stdout
+    # the tiny model fits without any offload: activation offload off is the whole fix
+    assert "-  cpu_offloading: true" in r.stdout and "optimizer_cpu_offload: true" not in r.stdout
     assert "# activation offload: only works at PP=1" in p.read_text()  # comment kept
     first = p.read_text()
     assert (tmp_path / "cfg.yaml.bak").read_text() == TINY.read_text()
@@ -178,8 +179,7 @@ def test_cli_dry_run_and_overrides_write_nothing(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("--- a/")
     r = _cli(str(RUN1), "--fix", str(p), "--overrides", cwd=tmp_path)
     assert r.returncode == 0
-    assert r.stdout.split() == ["model.cpu_offloading=false", "optimizer.optimizer_cpu_offload=true",
-                                "model.cpu_offloading_num_layers=0", "optimizer.optimizer_offload_fraction=0.25"]
+    assert r.stdout.split() == ["model.cpu_offloading=false", "model.cpu_offloading_num_layers=0"]
     assert p.read_text() == TINY.read_text() and not list(tmp_path.glob("*.bak*"))
 
 

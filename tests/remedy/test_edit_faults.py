@@ -170,7 +170,7 @@ def test_two_fix_runs_at_once_on_the_same_file(tmp_path):
         assert code in (0, 2), (code, err)
     assert 0 in codes, outs
     text = cfg.read_text()
-    assert text != original and "optimizer_cpu_offload: true" in text
+    assert text != original and "cpu_offloading: false" in text
     baks = sorted(tmp_path.glob("cfg.yaml.bak*"))
     assert [b.name for b in baks] == ["cfg.yaml.bak"] and baks[0].read_text() == original
     assert not (tmp_path / ("cfg.yaml" + E.LOCK_SUFFIX)).exists()

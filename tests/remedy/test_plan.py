@@ -138,13 +138,32 @@ def test_seed_fraction_zero_oom_sets_a_fraction_that_fits(db):
     assert 0 < f <= 1 and p.fixes[0].effect.after.fits
 
 
-def test_seed_full_offload_slowdown_lowers_the_fraction(db):
+def test_seed_full_offload_slowdown_turns_offload_off_where_it_fits_and_no_state_is_resumed(db):
     report, p, _ = seed_plan(db, "full_optimizer_offload_slow")
     # MB-OFF-105 (predicted saving from the memory model) takes the place of MB-OFF-104 (timers)
     assert report.root_cause.finding.signature.id == "MB-OFF-105"
     assert "optimizer step" in report.root_cause.hit.text  # the timers are in its evidence
+    # the seed's config loads no checkpoint, and the model fits without offload: off, not 25 %
+    assert edits(p) == {"optimizer.optimizer_cpu_offload": False, "optimizer.optimizer_offload_fraction": 0.0}
+    assert p.fixes[0].effect.after.fits and "optimizer offload off: it fits without it" in p.fixes[0].reason
+
+
+def test_seed_full_offload_slowdown_of_a_resumed_run_lowers_the_fraction(db, tmp_path):
+    """A run that will load an optimizer state saved with offload on keeps offload on (that such a
+    state loads into a run without it is not proved), at the lowest fraction that fits."""
+    log = tmp_path / "run.log"
+    log.write_text(" successfully loaded checkpoint from /ckpt [ t 1/2, p 1/2 ] at iteration 100\n"
+                   + (SEED / "qwen3_30b_a3b_full_optimizer_offload_slow.log").read_text())
+    cfg = load_config(str(SEED / "qwen3_30b_a3b_full_optimizer_offload_slow.yaml"))
+    cfg.set("checkpoint.load", "/ckpt")
+    report = diagnose_paths([str(log)], db, cfg)
+    report.config.set("checkpoint.load", "/ckpt")
+    ctx = C.context_from_report(report, None)
+    assert ctx.resume is not None and ctx.resume.loads is not False and ctx.resume.optimizer_state
+    p = PL.plan(C.from_report(report), report.config, ctx)
     f = edits(p)["optimizer.optimizer_offload_fraction"]
-    assert f < 1.0 and p.fixes[0].effect.slowdown < 4.0 and p.fixes[0].effect.after.fits
+    assert f == 0.25 and "optimizer.optimizer_cpu_offload" not in edits(p)
+    assert p.fixes[0].effect.slowdown < 4.0 and p.fixes[0].effect.after.fits
 
 
 def test_overlap_when_the_lowest_fitting_fraction_is_already_in_use(db):
@@ -235,8 +254,8 @@ def test_preflight_plan_of_the_tiny_config(db):
     p = C.plan_preflight(db, cfg, SE.Context(world_size=2))
     assert "MB-OFF-002" in [s.id for s in p.causes]
     e = edits(p)
-    assert e["model.cpu_offloading"] is False and e["optimizer.optimizer_cpu_offload"] is True
-    assert e["optimizer.optimizer_offload_fraction"] == 0.25
+    # the tiny model fits on its 2 GPUs without any offload: activation offload off is the fix
+    assert e == {"model.cpu_offloading": False, "model.cpu_offloading_num_layers": 0}
 
 
 def test_preflight_memory_model_plans_the_seed_case(db):
@@ -411,21 +430,23 @@ def test_overrides_for_a_megatron_lm_run_are_its_flags(tmp_path):
     shutil.copy(TINY, cfg)
     r = _cli(str(log), "--fix", str(cfg), "--overrides", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    out = r.stdout.split()
-    assert "--optimizer-cpu-offload" in out and "--optimizer-offload-fraction" in out
-    assert "(remove --cpu-offloading)" in r.stdout and "model.cpu_offloading" not in r.stdout
+    assert r.stdout.split() == ["(remove", "--cpu-offloading)", "--cpu-offloading-num-layers", "0"]
+    assert "model.cpu_offloading" not in r.stdout
 
 
 def test_a_real_megatron_lm_arguments_dump_still_gets_a_plan(tmp_path):
     """A real dump holds arguments Bridge has no key for (max_position_embeddings, ...): they are
     the job's business, never a reason to refuse a plan, whatever the wording of the problem
     (a did-you-mean once hid 'unknown key' from the planner, and every MLM run got no plan)."""
-    cfg = tmp_path / "cfg.yaml"
-    shutil.copy(TINY, cfg)
+    cfg = tmp_path / "cfg.yaml"  # the tiny job's file with the run's offload (it gives what the dump lacks)
+    cfg.write_text(TINY.read_text().replace("optimizer_cpu_offload: false", "optimizer_cpu_offload: true")
+                   .replace("optimizer_offload_fraction: 0.0", "optimizer_offload_fraction: 1.0"))
+    assert "optimizer_offload_fraction: 1.0" in cfg.read_text()
     r = _cli(str(REPO / "fixtures/logs/mlm_optimizer_offload_1.0_slow.log"), "--fix", str(cfg), "--overrides",
              cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.25"]
+    # the run loads no checkpoint and fits without offload: offload off, in Megatron-LM's flags
+    assert r.stdout.split() == ["(remove", "--optimizer-cpu-offload)", "--optimizer-offload-fraction", "0.0"]
     assert "unknown key" not in r.stderr
 
 
