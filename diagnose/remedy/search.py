@@ -53,11 +53,9 @@ def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: int | None = 
     if world % (tp * pp * cp):
         return f"TP{tp} x PP{pp} x CP{cp} does not divide {world} GPUs"
     dp = world // (tp * pp * cp)
-    layers = _get(cfg, "model.num_layers")
-    if layers and pp > 1:
-        vp = _get(cfg, "model.virtual_pipeline_model_parallel_size")
-        if int(layers) % (pp * (int(vp) if vp else 1)):
-            return f"PP{pp} does not divide {layers} layers"
+    bad = pipeline_split(cfg, pp)
+    if bad:
+        return bad
     if (world // pp) % (ep * etp):
         return f"EP{ep} x ETP{etp} does not divide the {world // pp} GPUs of a pipeline stage"
     experts = _get(cfg, "model.num_moe_experts")
@@ -83,6 +81,53 @@ def valid_layout(cfg: RunConfig, world: int, tp: int, pp: int, ep: int | None = 
     groups = _get(cfg, "model.num_query_groups")
     if groups and int(groups) % tp and tp % int(groups):
         return f"TP{tp} and {groups} query groups: neither divides the other"
+    return None
+
+
+def pipeline_split(cfg: RunConfig, pp: int) -> str | None:
+    """Why the layers do not split into ``pp`` pipeline stages as megatron-core splits them
+    (TransformerConfig.__post_init__, 0.16): uneven first / last stages and the middle stages
+    between them, the embedding and the loss counted as layers, a layout string written for
+    one PP, and the EP all-to-all overlap, which needs a virtual pipeline under PP; None: they do."""
+    layers = _int(cfg, "model.num_layers", 0) or 0
+    vp = _int(cfg, "model.virtual_pipeline_model_parallel_size", 0) or None
+    if pp > 1 and vp is None and cfg.get("model.overlap_moe_expert_parallel_comm") is True:
+        return f"PP{pp} with the EP all-to-all overlap needs a virtual pipeline (VPP)"
+    lay = cfg.get("model.pipeline_model_parallel_layout")
+    if lay:
+        # one "|"-separated stage per PP x VPP rank ("Et*24|t*24L": 2); a layout with repeated
+        # groups ("(t|)*4") is left to megatron-core
+        if isinstance(lay, str) and "(" not in lay and lay.count("|") + 1 != pp * (vp or 1):
+            return (f"pipeline_model_parallel_layout has {lay.count('|') + 1} stages, not PP{pp}"
+                    + (f" x VPP{vp}" if vp else ""))
+        return None
+    if not layers or pp <= 1:
+        return None
+    first = _int(cfg, "model.num_layers_in_first_pipeline_stage", 0) or None
+    last = _int(cfg, "model.num_layers_in_last_pipeline_stage", 0) or None
+    if first or last:
+        middle, stages = layers, pp
+        for name, n in (("first", first), ("last", last)):
+            if n is not None:
+                if vp and n % vp:
+                    return f"the {name} stage's {n} layers are not a multiple of VPP{vp}"
+                middle, stages = middle - n, stages - 1
+        if middle < 0 or bool(middle) != bool(stages):
+            return f"PP{pp}: {middle} middle layers for {stages} middle stages"
+        if stages and middle % stages:
+            return f"PP{pp}: {middle} middle layers do not divide into {stages} middle stages"
+        if stages and vp and (middle // stages) % vp:
+            return f"PP{pp}: {middle // stages} layers per middle stage are not a multiple of VPP{vp}"
+        return None
+    extra = int(cfg.get("model.account_for_embedding_in_pipeline_split") is True) + \
+        int(cfg.get("model.account_for_loss_in_pipeline_split") is True)
+    if extra:
+        if (layers + extra) % pp or (vp and ((layers + extra) // pp) % vp):
+            return (f"PP{pp}{f' x VPP{vp}' if vp else ''} does not divide {layers} layers + "
+                    f"{extra} (the embedding / loss counted as layers)")
+        return None
+    if layers % (pp * (vp or 1)):
+        return f"PP{pp} does not divide {layers} layers"
     return None
 
 
@@ -119,6 +164,12 @@ def pp_changes(cfg: RunConfig, pp: int) -> list:
     vp, layers = _get(cfg, "model.virtual_pipeline_model_parallel_size"), _get(cfg, "model.num_layers")
     if vp and (pp == 1 or (layers and int(layers) % (pp * int(vp)))):
         out.append(("model.virtual_pipeline_model_parallel_size", None))
+    if pp > 1 and not vp and cfg.get("model.overlap_moe_expert_parallel_comm") is True and layers \
+            and int(layers) % (pp * 2) == 0 and not cfg.get("model.num_layers_in_first_pipeline_stage") \
+            and not cfg.get("model.num_layers_in_last_pipeline_stage"):
+        # MCore runs the EP all-to-all overlap under PP only with a virtual pipeline: the move
+        # brings the smallest one
+        out.append(("model.virtual_pipeline_model_parallel_size", 2))
     group = _get(cfg, "model.microbatch_group_size_per_vp_stage")
     if group is not None and int(group) == _int(cfg, "model.pipeline_model_parallel_size") and pp != int(group):
         out.append(("model.microbatch_group_size_per_vp_stage", None))  # it was the default (= PP): follow PP
@@ -159,10 +210,13 @@ def prove(cfg: RunConfig, after: RunConfig, ctx: Context, world: int | None, mco
 
 def recompute_possible(cfg: RunConfig, base: list) -> bool:
     """Full recompute may be tried: the run does not recompute fully already, and activation
-    offload is off after ``base`` (MCore refuses recompute together with it)."""
+    offload and the EP all-to-all overlap are off after ``base`` (MCore refuses recompute
+    together with either)."""
     after = dict(base)
     offload = after.get("model.cpu_offloading", cfg.get("model.cpu_offloading"))
-    return cfg.get("model.recompute_granularity") != "full" and offload is not True
+    overlap = after.get("model.overlap_moe_expert_parallel_comm", cfg.get("model.overlap_moe_expert_parallel_comm"))
+    # MCore: "disable full recomputation when enabling overlap_moe_expert_parallel_comm"
+    return cfg.get("model.recompute_granularity") != "full" and offload is not True and overlap is not True
 
 
 def parallel_moves(cfg: RunConfig, world: int) -> list[tuple[str, list]]:

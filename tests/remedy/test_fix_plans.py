@@ -114,9 +114,9 @@ CASES = [
      None, "plan"),
     ("seed-finetune-8-bridge-0.5.1", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
      "0.5.1", "plan"),
-    ("seed-finetune-8-ep-a2a-overlap-no-recompute",
+    ("seed-finetune-8-ep-a2a-overlap-no-recompute-tp4-pp2-vpp2",
      seed(checkpoint__pretrained_checkpoint="/hf/qwen3", model__overlap_moe_expert_parallel_comm=True,
-          model__moe_token_dispatcher_type="alltoall", model__bf16=True), f"{FRESH}\n{OOM}", 8, None, "refused"),
+          model__moe_token_dispatcher_type="alltoall", model__bf16=True), f"{FRESH}\n{OOM}", 8, None, "plan"),
     ("seed-finetune-8-bridge-0.6.0", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 8,
      "0.6.0", "plan"),
     ("seed-finetune-16-no-offload-needed", seed(checkpoint__pretrained_checkpoint="/hf/qwen3"), f"{FRESH}\n{OOM}", 16,
@@ -303,14 +303,21 @@ def test_a_bridge_version_printed_in_the_log_decides_offload_on_a_fine_tune(db):
     assert "0.5.1 (from --bridge-version)" in _offload_refused_recompute_planned(p)
 
 
-def test_full_recompute_under_ep_a2a_overlap_is_refused_by_megatron_core(db):
-    """Where nothing fits but full recompute, and the run overlaps the MoE all-to-all (MCore
-    refuses full recompute with it): no plan, and every search says why (TP4 does not fit either)."""
-    _, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3", model__overlap_moe_expert_parallel_comm=True,
-                                 model__moe_token_dispatcher_type="alltoall", model__bf16=True), f"{FRESH}\n{OOM}", 8, None)
-    assert not p.edits and "with full recompute, no layout or offload setting passes" in reasons(p)
-    assert "megatron-core refuses it" in reasons(p).split("with full recompute")[1]
-    assert "with TP4, no layout or offload setting passes: TP4 + PP1: 99.2 GB does not fit" in reasons(p)
+def test_full_recompute_is_not_tried_under_ep_a2a_overlap_and_a_pp_move_brings_its_vpp(db):
+    """A fine-tune on 8 GPUs (optimizer offload refused on Bridge < 0.6) that overlaps the MoE
+    all-to-all: megatron-core refuses full recompute with the overlap, so the search does not try
+    it; PP2 under the overlap needs a virtual pipeline, which the PP move brings: TP4 + PP2 + VPP2
+    fits without offload (it was refused: PP2 without VPP failed megatron-core's check)."""
+    report, _, p = plan_case(db, seed(checkpoint__pretrained_checkpoint="/hf/qwen3",
+                                      model__overlap_moe_expert_parallel_comm=True,
+                                      model__moe_token_dispatcher_type="alltoall", model__bf16=True),
+                             f"{FRESH}\n{OOM}", 8, None)
+    e = _edits(p)
+    assert e["model.tensor_model_parallel_size"] == 4 and e["model.pipeline_model_parallel_size"] == 2
+    assert e["model.virtual_pipeline_model_parallel_size"] == 2 and "model.recompute_granularity" not in e
+    assert "full recompute" not in PL.describe(p).split("computed:")[1]
+    after = FIT.with_changes(report.config, list(e.items()))
+    assert not (refusals(after, db) - refusals(report.config, db))
 
 
 def test_a_model_parallel_move_is_tried_only_where_the_runs_own_layout_fits_nothing(db):
@@ -361,9 +368,7 @@ def test_ep_a2a_overlap_never_gets_pp_without_vpp(db):
     _, _, p = plan_case(db, seed(model__overlap_moe_expert_parallel_comm=True, model__moe_token_dispatcher_type="alltoall",
                                  model__bf16=True), f"{FRESH}\n{OOM}", 16, None)
     e = _edits(p)
-    if e.get("model.pipeline_model_parallel_size", 1) > 1:
-        assert e.get("model.virtual_pipeline_model_parallel_size")
-    assert "virtual_pipeline_model_parallel_size must be specified" in p.fixes[0].reason if p.fixes else reasons(p)
+    assert e["model.pipeline_model_parallel_size"] == 2 and e["model.virtual_pipeline_model_parallel_size"] == 2
 
 
 def test_tp_to_one_turns_sequence_parallel_off(db):
@@ -405,3 +410,42 @@ def test_checkpoints_own_run_config_is_read(db, tmp_path):
     assert r.ckpt_layout == (2, 1, 4) and "iter_0000500" in r.source and r.optimizer_state
     after = FIT.with_changes(cfg, [("model.pipeline_model_parallel_size", 2)])
     assert "dp_reshardable" in RS.blocks(r, cfg, after)
+
+
+UNEVEN_46 = seed(model__num_layers=46, model__num_layers_in_first_pipeline_stage=11,
+                 model__num_layers_in_last_pipeline_stage=11)
+EP_OVERLAP = seed(model__overlap_moe_expert_parallel_comm=True, model__moe_token_dispatcher_type="alltoall",
+                  model__bf16=True)
+
+
+@pytest.mark.parametrize("with_mcore", [True, False], ids=["megatron-core", "no-megatron-core"])
+@pytest.mark.parametrize("name,cfg,want", [
+    # 46 layers with 11 / 11 at the ends: PP4 leaves 24 for 2 middle stages (PP2 leaves 24 for none)
+    ("uneven-46-11-11", UNEVEN_46, {"model.pipeline_model_parallel_size": 4}),
+    # the EP all-to-all overlap runs under PP only with a virtual pipeline: PP2 brings VPP2
+    ("ep-a2a-overlap", EP_OVERLAP, {"model.pipeline_model_parallel_size": 2,
+                                    "model.virtual_pipeline_model_parallel_size": 2}),
+    # 48 layers + the embedding and the loss counted as layers = 50: PP2 splits them; the embedding
+    # alone (49) splits into no PP the 16 GPUs allow
+    ("account-embedding-and-loss", seed(model__account_for_embedding_in_pipeline_split=True,
+                                        model__account_for_loss_in_pipeline_split=True),
+     {"model.pipeline_model_parallel_size": 2}),
+])
+def test_pipeline_splits_are_megatron_cores_with_or_without_it(db, name, cfg, want, with_mcore):
+    """Issue 12, item 3: the layout arithmetic knows megatron-core's pipeline split (uneven first /
+    last stages, the embedding and loss counted as layers, the EP all-to-all overlap's virtual
+    pipeline), so a plan is valid where megatron-core is not installed to check it, and a PP it
+    accepts is not rejected (PP4 of 46 layers with 11 / 11 was refused as '46 % 4', and 50 %
+    optimizer offload (x2.5) was planned instead)."""
+    config = RunConfig(copy.deepcopy(cfg), "case.yaml")
+    report = diagnose_text(f"{FRESH}\n{OOM}", db, config)
+    ctx = C.context_from_report(report, 16, None, None, db, None)
+    if not with_mcore:
+        ctx.validator = None
+    p = PL.plan(C.from_report(report), report.config, ctx, allow_unsafe=True)
+    e = _edits(p)
+    for k, v in want.items():
+        assert e.get(k) == v, (name, e)
+    assert not any(k.startswith("optimizer.optimizer_cpu_offload") and v for k, v in e.items()), (name, e)
+    after = FIT.with_changes(report.config, list(e.items()))
+    assert not (refusals(after, db) - refusals(report.config, db)), name  # megatron-core 0.16.1 builds it

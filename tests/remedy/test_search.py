@@ -381,3 +381,46 @@ def test_the_bubble_with_one_micro_batch_and_a_batch_that_does_not_divide():
     assert COST.pipeline_bubble(seed(model__pipeline_model_parallel_size=2, train__global_batch_size=4), 16) == 2.0
     # a global batch that does not divide: whole micro-batches only (10 // 4 = 2)
     assert COST.pipeline_bubble(seed(model__pipeline_model_parallel_size=2, train__global_batch_size=10), 16) == 1.5
+
+
+def test_the_pipeline_split_is_megatron_cores():
+    """search.pipeline_split, rule by rule (TransformerConfig.__post_init__ of megatron-core 0.16)."""
+    def cfg(**model):
+        return RunConfig({"model": {"num_layers": 46, **model}})
+
+    split = SE.pipeline_split
+    assert split(cfg(), 2) is None and split(cfg(), 4) == "PP4 does not divide 46 layers"
+    uneven = cfg(num_layers_in_first_pipeline_stage=11, num_layers_in_last_pipeline_stage=11)
+    assert split(uneven, 4) is None and split(uneven, 2) == "PP2: 24 middle layers for 0 middle stages"
+    assert split(uneven, 3) is None  # 24 layers on the one middle stage
+    assert split(uneven, 5) is None and split(uneven, 7) == "PP7: 24 middle layers do not divide into 5 middle stages"
+    first = cfg(num_layers_in_first_pipeline_stage=10)
+    assert split(first, 2) is None and split(first, 4) is None  # 36 layers on 3 middle stages
+    assert split(first, 6) == "PP6: 36 middle layers do not divide into 5 middle stages"
+    assert split(cfg(num_layers_in_first_pipeline_stage=11, virtual_pipeline_model_parallel_size=2), 4) \
+        == "the first stage's 11 layers are not a multiple of VPP2"
+    emb = cfg(num_layers=48, account_for_embedding_in_pipeline_split=True)
+    assert split(emb, 2) == "PP2 does not divide 48 layers + 1 (the embedding / loss counted as layers)"
+    both = cfg(num_layers=48, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    assert split(both, 2) is None and split(both, 5) is None and split(both, 4) is not None
+    assert split(cfg(pipeline_model_parallel_layout="Et*24|t*22L"), 2) is None
+    assert split(cfg(pipeline_model_parallel_layout="Et*24|t*22L"), 4) == \
+        "pipeline_model_parallel_layout has 2 stages, not PP4"
+    assert split(cfg(pipeline_model_parallel_layout="E|(t|)*22L"), 8) is None  # repeated groups: MCore's call
+    overlap = cfg(num_layers=48, overlap_moe_expert_parallel_comm=True)
+    assert split(overlap, 2) == "PP2 with the EP all-to-all overlap needs a virtual pipeline (VPP)"
+    assert split(cfg(num_layers=48, overlap_moe_expert_parallel_comm=True, virtual_pipeline_model_parallel_size=2),
+                 2) is None
+    assert split(overlap, 1) is None  # no pipeline: no virtual one needed
+
+
+def test_a_pp_move_under_the_ep_overlap_brings_a_virtual_pipeline_and_recompute_is_not_tried():
+    c = RunConfig({"model": {"num_layers": 48, "overlap_moe_expert_parallel_comm": True,
+                             "pipeline_model_parallel_size": 1}})
+    assert ("model.virtual_pipeline_model_parallel_size", 2) in SE.pp_changes(c, 2)
+    assert ("model.virtual_pipeline_model_parallel_size", 2) not in SE.pp_changes(c, 1)
+    odd = RunConfig({"model": {"num_layers": 46, "overlap_moe_expert_parallel_comm": True}})
+    assert ("model.virtual_pipeline_model_parallel_size", 2) not in SE.pp_changes(odd, 2)  # 23 per stage
+    assert not SE.recompute_possible(c, [])
+    assert SE.recompute_possible(c, [("model.overlap_moe_expert_parallel_comm", False)])
+    assert SE.recompute_possible(RunConfig({"model": {"num_layers": 48}}), [])
