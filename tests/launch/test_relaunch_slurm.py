@@ -154,7 +154,7 @@ def test_slurm_run1_fails_then_fix_relaunch_trains(slurm, tmp_path):
     assert r.returncode == exitcodes.FIXED_HEALTHY, r.stderr
     assert "Slurm job" in r.stderr
     doc = yaml.safe_load((tmp_path / "cfg.yaml").read_text())
-    assert doc["model"]["cpu_offloading"] is False and doc["optimizer"]["optimizer_cpu_offload"] is True
+    assert doc["model"]["cpu_offloading"] is False and doc["optimizer"]["optimizer_cpu_offload"] is False
     rec = [json.loads(ln) for ln in (tmp_path / "h.jsonl").read_text().splitlines()][-1]
     assert rec["launcher"] == "slurm" and rec["job_id"].isdigit() and rec["outcome"] == "healthy"
     assert rec["command"][0] == "sbatch" and str(SBATCH_JOB) in rec["command"]
