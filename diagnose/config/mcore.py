@@ -209,6 +209,13 @@ def validate(cfg: RunConfig, db: Database, versions: dict | None = None) -> list
         if not section:  # nothing to validate (a config with no model / optimizer section)
             continue
         kwargs = _kwargs(klass, section)
+        if stage == "TransformerConfig" and cfg.get("mlm") and "pipeline_dtype" not in kwargs:
+            # Megatron-LM derives it from the parameters' dtype (core_transformer_config_from_args):
+            # its arguments dump has no such argument
+            import torch
+
+            kwargs["pipeline_dtype"] = (torch.bfloat16 if kwargs.get("bf16") else torch.float16 if kwargs.get("fp16")
+                                        else torch.float32)
         try:
             with _quiet(), _te_present():
                 klass(**kwargs)

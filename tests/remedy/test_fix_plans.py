@@ -138,7 +138,9 @@ CASES = [
     ("seed-gbs-not-divisible-at-pp2", seed(train__global_batch_size=12, train__micro_batch_size=1),
      f"{FRESH}\n{OOM}", 16, None, None),
     ("seed-cp2", seed(model__context_parallel_size=2), f"{FRESH}\n{OOM}", 16, None, None),
-    ("seed-etp2", seed(model__expert_tensor_parallel_size=2), f"{FRESH}\n{OOM}", 16, None, None),
+    # (MCore takes ETP > 1 only without MoE biases)
+    ("seed-etp2", seed(model__expert_tensor_parallel_size=2, model__add_bias_linear=False), f"{FRESH}\n{OOM}", 16,
+     None, None),
     ("seed-h200", seed(), f"{FRESH}\n" + OOM.replace("79.11 GiB", "139.81 GiB"), 8, None, None),
     ("seed-no-distopt-resumed", seed(**RESUME, optimizer__use_distributed_optimizer=False,
                                      ddp__use_distributed_optimizer=False),
@@ -210,8 +212,9 @@ def test_every_plan_is_proved_or_refused_with_a_reason(db, case):
         # nothing the plan brings: a problem the run's own layout already had is another finding
         assert bad is None or bad == SE.valid_layout(before, world, int(before.get("model.tensor_model_parallel_size") or 1),
                                                      int(before.get("model.pipeline_model_parallel_size") or 1)), (name, bad)
-        new = refusals(after, db) - refusals(before, db)
-        assert not new, (name, new)  # megatron-core 0.16.1 builds the planned config
+        # megatron-core 0.16.1 builds the planned config: nothing it refuses, neither new nor the
+        # run's own refusal (every case's config is one MCore takes but for the failure planned for)
+        assert not refusals(after, db), (name, refusals(after, db))
         est = FIT.estimate(after, ctx)
         assert est.fits, (name, est)
         res = RS.read(before, report.structure, bridge)
