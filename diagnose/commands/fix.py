@@ -159,7 +159,8 @@ def run_fix(paths, opts: FixOptions, *, db, versions, engine, fmt, quiet) -> int
         elif plan.overrides:
             click.echo(" ".join(shlex.quote(o) for o in plan.overrides))
             env = [o for o in plan.overrides if o.lstrip("+").startswith("env_vars.")]
-            if env:
+            version = getattr(getattr(ctx, "resume", None), "bridge_version", None)
+            if env and version is None:  # a known older Bridge got the advice to export them instead
                 _err("diagnose: env_vars.* needs Megatron-Bridge >= 0.6; on an older Bridge export "
                      + ", ".join(o.lstrip("+")[len("env_vars."):] for o in env) + " in the job's environment instead",
                      quiet)

@@ -277,6 +277,12 @@ def plan(causes: list[Signature], cfg: RunConfig | None, ctx: Context | None = N
             except NoFix as exc:
                 reasons.append(f"{fix.text.split('.')[0]}: {exc}")
                 continue
+            env = _env_only_in_the_environment(changes, ctx)
+            if env:  # env_vars.* is a config key from Megatron-Bridge 0.6 only: export them instead
+                out.advice.append((sig, env))
+                changes = [(k, v) for k, v in changes if not k.startswith("env_vars.")]
+                if not changes:
+                    continue
             bad = prove(work, with_changes(work, changes), ctx, ctx.world_size) if changes else None
             if bad:  # every fix is proved before it is shown: refused with the reason
                 reasons.append(f"{fix.text.split('.')[0]}: {bad}")
@@ -303,6 +309,22 @@ def plan(causes: list[Signature], cfg: RunConfig | None, ctx: Context | None = N
     if out.edits:
         out.effect = effect_of(cfg, out.edits, ctx)
     return out
+
+
+BRIDGE_ENV_VARS = (0, 6)  # Megatron-Bridge's ConfigContainer has env_vars from 0.6.0
+
+
+def _env_only_in_the_environment(changes: list, ctx: Context) -> str:
+    """Advice to export the ``env_vars.*`` of ``changes`` in the job's environment, where the run's
+    Megatron-Bridge is known to predate env_vars (0.6.0): its ConfigContainer has no such key
+    (the override would be refused, a written key ignored). "" where it has it or may have it."""
+    env = [(k[len("env_vars."):], v) for k, v in changes if k.startswith("env_vars.")]
+    version = getattr(getattr(ctx, "resume", None), "bridge_version", None)
+    if not env or version is None or tuple(version) >= BRIDGE_ENV_VARS:
+        return ""
+    shown = ".".join(str(x) for x in version)
+    return ("export " + " ".join(f"{k}={v}" for k, v in env) + " in the job's environment (env_vars is a config "
+            f"key from Megatron-Bridge 0.6.0; this run has {shown})")
 
 
 def unplannable(cfg: RunConfig) -> str | None:

@@ -474,3 +474,22 @@ def test_a_checkpoints_own_run_config_is_not_edited(tmp_path):
              "--unsafe-fixes", cwd=tmp_path)
     assert r.returncode == exitcodes.USAGE and "checkpoint's record" in r.stderr
     assert (it / "run_config.yaml").read_text() == before and not list(it.glob("*.bak*"))
+
+
+@pytest.mark.parametrize("version,override", [("0.5.1", False), ("0.6.0", True), (None, True)])
+def test_env_vars_are_exported_instead_on_a_bridge_before_0_6(tmp_path, version, override):
+    """Issue 12, item 6: env_vars is a ConfigContainer key from Megatron-Bridge 0.6.0. On a run
+    whose Bridge is known to be older the variable is advice to export, never an override or a
+    key written to the file; where the version is unknown the override comes with that note."""
+    cfg = tmp_path / "cfg.yaml"
+    shutil.copy(TINY, cfg)
+    log = tmp_path / "run.log"
+    log.write_text((f"megatron-bridge {version}\n" if version else "")
+                   + "node001:48213:48213 [0] NCCL WARN Connect to 10.1.2.3<45678> failed : Connection refused\n")
+    r = _cli(str(log), "--fix", str(cfg), "--overrides", cwd=tmp_path)
+    assert ("+env_vars.NCCL_DEBUG=INFO" in r.stdout) is override, (r.stdout, r.stderr)
+    assert ("export NCCL_DEBUG=INFO in the job's environment (env_vars is a config key from Megatron-Bridge "
+            "0.6.0; this run has 0.5.1)" in r.stderr) is (version == "0.5.1")
+    assert ("env_vars.* needs Megatron-Bridge >= 0.6" in r.stderr) is (version is None)
+    r = _cli(str(log), "--fix", str(cfg), cwd=tmp_path)
+    assert ("NCCL_DEBUG" in cfg.read_text()) is override, r.stderr
