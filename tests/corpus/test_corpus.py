@@ -82,8 +82,8 @@ def test_the_seen_list_names_test_part_logs_only():
 
 # measured (bench/README.md "Generalization"); the target is 0.90 on the test part. The
 # test floor went from 0.62 to 0.61 when round 8 added 20 test-part logs scored 8/20 blind (the
-# part's score is what it is: it is never tuned)
-FLOORS = {"dev": 0.77, "test": 0.61}
+# part's score is what it is: it is never tuned); round 11 and its rules: dev 79.1 %, test 62.7 %
+FLOORS = {"dev": 0.78, "test": 0.62}
 
 
 @pytest.mark.parametrize("part", ["dev", "test"])
