@@ -32,22 +32,24 @@ def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -
         return None
     cur, fit = factor(f, overlap), factor(best, overlap)
     saving = 1 - fit / cur
+    # the planner turns offload off where the next run loads no optimizer state saved with it:
+    # said first, so that a first screen shows it beside the overrides
+    off_text = ""
+    try:
+        off = PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_cpu_offload", False)]),
+                          PL.Sizing(world_size=world_size))
+        if off.fits_with_margin:
+            off_text = f", and offload off too ({PL.gb(off.peak_gb)}: x1.0, no CPU optimizer step)"
+    except PL.NoFix:
+        pass
     text = (f"optimizer_offload_fraction {float(f):.2f} where {best:.2f} fits ({PL.gb(est.peak_gb)} of "
-            f"{PL.gb(est.capacity_gb)} per GPU): iteration time x{cur:.1f} -> x{fit:.1f} of the run without "
-            f"offload, {saving:.0%} of each iteration")
+            f"{PL.gb(est.capacity_gb)} per GPU){off_text}: iteration time x{cur:.1f} -> x{fit:.1f} of the run "
+            f"without offload at {best:.2f}, {saving:.0%} of each iteration")
     observed = metrics.get("iter_ms_median")
     if observed:
         text += f": about {observed * saving / 1000:.1f} s of every {observed / 1000:.1f} s iteration"
     if timers:  # before the scope, so that a first screen shows them
         text += f"; the timers: {timers}"
     text += f" (offload factors {SCOPE})"
-    try:  # the planner turns offload off where the next run loads no optimizer state saved with it
-        off = PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_cpu_offload", False)]),
-                          PL.Sizing(world_size=world_size))
-        if off.fits_with_margin:
-            text += (f"; it would also fit with optimizer offload off ({PL.gb(off.peak_gb)}, no CPU optimizer "
-                     "step: x1.0)")
-    except PL.NoFix:
-        pass
     return {"offload_fraction": float(f), "offload_fraction_fits": best, "offload_factor": cur,
             "offload_factor_fits": fit, "offload_saving": round(saving, 3), "_text": text}

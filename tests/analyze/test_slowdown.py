@@ -55,7 +55,7 @@ def test_offload_above_the_lowest_fitting_fraction_is_a_slowdown_with_its_saving
     assert f"about {saved_s:.1f} s of every {m['iter_ms_median'] / 1000:.1f} s iteration" in rc.hit.text
     # the run started from scratch and died before saving: the next run loads no optimizer state,
     # and it fits without offload (48.7 GB), so the fix is offload off (x1.0), which the text says
-    assert "it would also fit with optimizer offload off (48.7 GB, no CPU optimizer step: x1.0)" in rc.hit.text
+    assert "fits (44.9 GB of 84.9 GB per GPU), and offload off too (48.7 GB: x1.0, no CPU optimizer step)" in rc.hit.text
     assert rc.overrides == ["optimizer.optimizer_cpu_offload=false", "optimizer.optimizer_offload_fraction=0.0"]
 
 
