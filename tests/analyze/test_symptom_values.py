@@ -167,3 +167,130 @@ def test_a_step_change_in_a_long_run_is_found_with_bounded_work():
                                               "2.0x the 1000 ms before it")
     flat = metrics("\n".join(it(i, 1000.0) for i in range(1, 9)) + "\n")[0]
     assert flat["iter_time_step"] == 1.0  # no change: the best split is no step
+
+
+def _timers(**named) -> str:
+    """An MLM timer block with the given (min, max) timers (dashes written as underscores)."""
+    return "(min, max) time across ranks (ms):\n" + "".join(
+        f"    {k.replace('_', '-')} ...............................: ({v[0]:.2f}, {v[1]:.2f})\n"
+        for k, v in named.items())
+
+
+def test_forward_and_backward_timers_stand_for_forward_backward_where_it_is_missing():
+    # the shares from each component's max; the spread from their sums' min and max
+    m, ev = metrics(it(1, 1000) + "\n" + _timers(forward_compute=(100, 120), backward_compute=(200, 260),
+                                                 optimizer=(50, 60)))
+    assert m["optimizer_share"] == pytest.approx(60 / (120 + 260 + 60))
+    assert m["timer_spread"] == pytest.approx((120 + 260) / (100 + 200))
+    # the largest component leads, whatever its name's place in the alphabet
+    assert ev["timer_attribution"][2] == ("backward 260.0 ms = 59% of the timed iteration (optimizer step 60.0 ms, "
+                                          "forward 120.0 ms)")
+    m = metrics(it(1, 1000) + "\n" + _timers(forward_compute=(100, 120), optimizer=(50, 60)))[0]
+    assert m["optimizer_share"] == pytest.approx(60 / 180) and m["timer_spread"] == pytest.approx(1.2)
+    m = metrics(it(1, 1000) + "\n" + _timers(backward_compute=(200, 250), optimizer=(50, 60)))[0]
+    assert m["optimizer_share"] == pytest.approx(60 / 310) and m["timer_spread"] == pytest.approx(1.25)
+
+
+def test_forward_backward_leads_the_attribution_when_it_is_the_largest_part():
+    ev = metrics(it(1, 1000) + "\n" + _timers(forward_backward=(890, 900), optimizer=(95, 100)))[1]
+    assert ev["timer_attribution"][2] == ("forward-backward 900.0 ms = 90% of the timed iteration "
+                                          "(optimizer step 100.0 ms)")
+
+
+def test_timers_at_zero_or_below_a_millisecond_are_read_without_a_division_by_zero():
+    m = metrics("[Rank 0] time (ms) | forward: 0.10 | backward: 0.20 | step: 0.10\n")[0]
+    assert m["optimizer_share"] == pytest.approx(0.25)
+    m = metrics("[Rank 0] time (ms) | forward: 0.00 | backward: 0.00 | step: 0.00\n")[0]
+    assert "optimizer_share" not in m and m["cpu_optimizer"] == 0
+    m = metrics(it(1, 1000) + "\n" + _timers(forward_backward=(0, 5), optimizer=(1, 2)))[0]
+    assert "timer_spread" not in m and m["optimizer_share"] == pytest.approx(2 / 7)
+    m = metrics(it(1, 1000) + "\n" + _timers(forward_backward=(5, 5), optimizer=(1, 2)))[0]
+    assert "timer_spread" not in m  # no spread between ranks: nothing to say
+
+
+def test_one_timer_record_is_not_called_a_median():
+    ev = metrics(it(1, 1000) + "\n" + _timers(forward_backward=(900, 1000), optimizer=(400, 500)))[1]
+    assert ev["timer_attribution"][2] == "forward-backward 1000.0 ms = 67% of the timed iteration (optimizer step 500.0 ms)"
+    two = it(1, 1000) + "\n" + _timers(forward_backward=(900, 1000), optimizer=(400, 500)) + it(2, 1000) + "\n" \
+        + _timers(forward_backward=(900, 1000), optimizer=(100, 200))
+    assert metrics(two)[1]["timer_attribution"][2].endswith("; the median of 2 timer records")
+
+
+def test_the_edges_of_the_series_metrics():
+    # six iterations are a long series (the median of 2-4 against the last three)
+    m = metrics("\n".join(it(i, ms) for i, ms in enumerate([5000, 1000, 1100, 1200, 1300, 1400], 1)) + "\n")[0]
+    assert (m["iter_ms_first"], m["iter_ms_last"]) == (1100, 1300)
+    # a first point at 0 ms has no growth to speak of; half a millisecond has
+    m = metrics("\n".join(it(i, ms) for i, ms in enumerate([0, 500, 800], 1)) + "\n")[0]
+    assert m["iter_ms_first"] == 0 and "iter_time_growth" not in m
+    m = metrics("\n".join(it(i, ms) for i, ms in enumerate([0.5, 1.0, 2.0], 1)) + "\n")[0]
+    assert m["iter_time_growth"] == 4.0
+    m = metrics("\n".join(it(i, ms) for i, ms in enumerate([5000, 0, 0, 0, 10, 20, 30], 1)) + "\n")[0]
+    assert m["iter_ms_first"] == 0 and "iter_time_growth" not in m
+    m = metrics("\n".join(it(i, ms) for i, ms in enumerate([5000, 0.5, 0.5, 0.5, 1, 1, 1], 1)) + "\n")[0]
+    assert m["iter_time_growth"] == 2.0
+    # a flat run: every split costs nothing; the first one is taken, and it is no step
+    m = metrics("\n".join(it(i, 1000.0) for i in range(1, 13)) + "\n")[0]
+    assert (m["iter_time_step"], m["iter_time_step_at"], m["iter_time_step_separation"]) == (1.0, 6, 0.5)
+    # a step between sub-millisecond iterations is still a step; at 0 ms there is none
+    m = metrics("\n".join(it(i, ms) for i, ms in enumerate([0.5] * 7 + [1.0] * 5, 1)) + "\n")[0]
+    assert (m["iter_time_step"], m["iter_time_step_at"]) == (2.0, 8)
+    assert "iter_time_step" not in metrics("\n".join(it(i, 0) for i in range(1, 10)) + "\n")[0]
+    # a step right after the warm-up of a long run: the first split is among those tried
+    times = [9000, 9000] + [1000] * 3 + [2000] * 97
+    m = metrics("\n".join(it(i, ms, total=200) for i, ms in enumerate(times, 1)) + "\n")[0]
+    assert (m["iter_time_step"], m["iter_time_step_at"]) == (2.0, 6)
+    assert SY.kendall_tau([1, 2]) == 1.0 and SY.kendall_tau([2, 1]) == -1.0
+
+
+def test_overflow_steps_skipped_share_and_a_scale_printed_once():
+    m = metrics("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768\n"
+                "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 32768, reducing to 16384\n")[0]
+    assert m == {"overflow_steps": 2, "loss_scale_min": 16384, "loss_scale_drops": 2, **COMMON}
+    m = metrics("epoch 001 | loss 9.1 | nll_loss 8.0 | ppl 256 | wps 21004.5 | loss_scale 128 | wall 512\n")[0]
+    assert m == {"loss_scale_min": 128, "loss_scale_drops": 1, **COMMON}
+    m = metrics("[2024-01-01 00:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=3, skipped=1, lr=[1e-05]\n")[0]
+    assert m == {"skipped_steps": 1, "skipped_step_share": 0.3333, **COMMON}  # four digits
+
+
+def test_an_open_nan_run_of_one_value_counts_and_where_output_stops_is_one_and_its_evidence():
+    m = metrics("{'loss': 1.2, 'grad_norm': nan, 'epoch': 0.1}\n{'loss': 1.1, 'grad_norm': 0.5, 'epoch': 0.2}\n"
+                "{'loss': 1.3, 'grad_norm': nan, 'epoch': 0.3}\n")[0]
+    assert m == {"grad_norm_nan_run": 1, "grad_norm_nan_last": 1, **COMMON}
+    m, ev = metrics("initializing ddp: GLOBAL_RANK: 1, MEMBER: 2/2\nAll DDP processes registered. Starting ddp with 2 "
+                    "processes\n")
+    assert m["ends_in_init"] == 1 and ev["ends_in_init"][1] == 2
+    m, ev = metrics("INFO 06-30 11:57:50 [block_pool.py:264] Successfully reset prefix cache\n")
+    assert m["ends_in_rollout_sync"] == 1 and ev["ends_in_rollout_sync"][1] == 1
+
+
+def test_the_longest_open_nan_run_of_several_files_is_the_evidence(tmp_path):
+    from diagnose.diagnosis import diagnose_paths
+
+    (tmp_path / "a.log").write_text("{'loss': 1.0, 'grad_norm': nan, 'epoch': 0.1}\n")
+    (tmp_path / "b.log").write_text("{'loss': 1.0, 'grad_norm': 0.5, 'epoch': 0.1}\n"
+                                    "{'loss': 1.0, 'grad_norm': nan, 'epoch': 0.2}\n"
+                                    "{'loss': 1.0, 'grad_norm': nan, 'epoch': 0.3}\n")
+    rep = diagnose_paths([str(tmp_path / "a.log"), str(tmp_path / "b.log")], jobs=1)
+    assert rep.metrics["grad_norm_nan_run"] == 2
+    file, line, _ = rep.structure.evidence["grad_norm_nan_run"]
+    assert file.endswith("b.log") and line == 2
+
+
+def test_a_last_line_cut_mid_way_is_read_as_the_line_it_copies():
+    """symptoms.last_progress: a last line that is a strict beginning (8 characters or more) of
+    one of the three lines above it was cut by the paste; the line before it tells."""
+    start = "host:15833:15833 [1] NCCL INFO Setting affinity for GPU 1 to ff00ff"
+    for tail, hang in [("host:158", True), ("host:15", False),  # 8 characters: cut; 7: too short to tell
+                       (start, True)]:
+        m = metrics("iteration?\n" + start + "\n" + tail + "\n")[0]
+        assert (m.get("ends_in_init") == 1) is hang, tail
+    # two lines: a start-up line and its cut copy
+    assert metrics(start + "\nhost:15833:15833 [1] NCCL\n")[0].get("ends_in_init") == 1
+    # the line above the cut copy is what counts, not the one above that
+    assert metrics("All DDP processes registered. Starting ddp with 2 processes\nsomething else entirely\n"
+                   "something else\n")[0].get("ends_in_init") is None
+    # a copy four lines up is too far to tell
+    far = "\n".join([start, "other line one", "other line two",
+                     "All DDP processes registered. Starting ddp with 2 processes", "host:15833:158"]) + "\n"
+    assert metrics(far)[0].get("ends_in_init") is None
