@@ -235,17 +235,23 @@ def test_unwritable_history_or_log_dir_is_refused_before_the_config_is_touched(t
     assert not (tmp_path / "started").exists()
 
 
-def test_a_launch_command_that_reads_no_config_file_gets_the_fix_as_overrides(tmp_path):
-    """Issue 12, item 6: Bridge's scripts/training/run_recipe.py builds its config from the
-    recipe and trailing KEY=VALUE overrides; it reads no YAML. A rewritten file would never
-    reach the job, so the fix is appended to the command and the file is left as it is."""
-    shutil.copy(CFG, tmp_path / "cfg.yaml")
+def _fake_run_recipe(tmp_path) -> str:
+    """A stand-in for Bridge's scripts/training/run_recipe.py: prints its arguments, then three
+    healthy iterations. Returns the command that runs it with a recipe."""
     script = tmp_path / "run_recipe.py"
     script.write_text("import sys\nprint('argv:', ' '.join(sys.argv[1:]), flush=True)\n"
                       "for i in range(1, 4):\n"
                       "    print(f' iteration {i:>8}/       3 | elapsed time per iteration (ms): 20.0 | lm loss: 9.0 |',"
                       " flush=True)\n")
-    cmd = shlex.join([sys.executable, str(script), "--recipe", "tiny"])
+    return shlex.join([sys.executable, str(script), "--recipe", "tiny"])
+
+
+def test_a_launch_command_that_reads_no_config_file_gets_the_fix_as_overrides(tmp_path):
+    """Issue 12, item 6: Bridge's scripts/training/run_recipe.py builds its config from the
+    recipe and trailing KEY=VALUE overrides; it reads no YAML. A rewritten file would never
+    reach the job, so the fix is appended to the command and the file is left as it is."""
+    shutil.copy(CFG, tmp_path / "cfg.yaml")
+    cmd = _fake_run_recipe(tmp_path)
     r = diagnose(str(REPO / "fixtures" / "logs" / "tiny_gpt_pp_offload_run1.log"), "--fix", "cfg.yaml", "--relaunch",
                  "--launcher", "local", "--launch-cmd", cmd, "--history", "h.jsonl", cwd=tmp_path)
     assert r.returncode == exitcodes.FIXED_HEALTHY, r.stderr
@@ -264,12 +270,7 @@ def test_a_relaunch_override_of_a_key_the_config_never_had_keeps_its_plus(tmp_pa
     shutil.copy(CFG, tmp_path / "cfg.yaml")
     log = tmp_path / "failed.log"
     log.write_text("node001:48213:48213 [0] NCCL WARN Connect to 10.1.2.3<45678> failed : Connection refused\n")
-    script = tmp_path / "run_recipe.py"
-    script.write_text("import sys\nprint('argv:', ' '.join(sys.argv[1:]), flush=True)\n"
-                      "for i in range(1, 4):\n"
-                      "    print(f' iteration {i:>8}/       3 | elapsed time per iteration (ms): 20.0 | lm loss: 9.0 |',"
-                      " flush=True)\n")
-    cmd = shlex.join([sys.executable, str(script), "--recipe", "tiny"])
+    cmd = _fake_run_recipe(tmp_path)
     r = diagnose(str(log), "--fix", "cfg.yaml", "--relaunch", "--launcher", "local", "--launch-cmd", cmd,
                  "--history", "h.jsonl", cwd=tmp_path)
     assert r.returncode == exitcodes.FIXED_HEALTHY, r.stderr
