@@ -36,10 +36,9 @@ def offload_cost(cfg, metrics: dict, world_size: int | None, timers: str = "") -
     # said first, so that a first screen shows it beside the overrides
     off_text = ""
     try:
-        off = PL.estimate(PL.with_changes(cfg, [("optimizer.optimizer_cpu_offload", False)]),
-                          PL.Sizing(world_size=world_size))
-        if off.fits_with_margin:
-            off_text = f", and offload off too ({PL.gb(off.peak_gb)}: x1.0, no CPU optimizer step)"
+        off = PL.without_offload(cfg, PL.Sizing(world_size=world_size))
+        if off is not None:
+            off_text = f", and offload off too ({PL.gb(off[1].peak_gb)}: x1.0, no CPU optimizer step)"
     except PL.NoFix:
         pass
     text = (f"optimizer_offload_fraction {float(f):.2f} where {best:.2f} fits ({PL.gb(est.peak_gb)} of "

@@ -144,6 +144,18 @@ def _lowest_fraction(cfg: RunConfig, ctx, base: list, above: float = -1.0) -> tu
                 if tried else "the fraction is already 100%")
 
 
+def without_offload(cfg: RunConfig, ctx, base: tuple | list = ()) -> tuple[list, Estimate] | None:
+    """``base`` with optimizer offload off (and its fraction 0), and the estimate, where the run
+    fits without it with the margin; None where it does not."""
+    out = [(k, v) for k, v in base if not k.startswith("optimizer.optimizer_")]
+    if cfg.get("optimizer.optimizer_cpu_offload") is True:
+        out.append(("optimizer.optimizer_cpu_offload", False))
+    if float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0) or 0.0) != 0.0:
+        out.append(("optimizer.optimizer_offload_fraction", 0.0))
+    e = _est(with_changes(cfg, out), ctx)
+    return (out, e) if e.fits_with_margin else None
+
+
 def lowest_fitting_fraction(cfg: RunConfig, ctx) -> tuple[float, Estimate]:
     """The lowest optimizer-offload fraction (of FRACTIONS) whose estimate fits with the margin."""
     return _lowest_fraction(cfg, ctx, _offload_on([], cfg))

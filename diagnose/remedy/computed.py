@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..config.fit import FRACTIONS, Estimate, NoFix, _est, _get, _int, _lowest_fraction, _offload_on, gb
+from ..config.fit import (
+    FRACTIONS,
+    Estimate,
+    NoFix,
+    _est,
+    _get,
+    _int,
+    _lowest_fraction,
+    _offload_on,
+    gb,
+    without_offload,
+)
 from ..config.runconfig import RunConfig
 from . import resume as RS
 from .cost import slowdown
@@ -53,14 +64,10 @@ def _without_offload(cfg, ctx, base) -> tuple[list, str] | None:
     if r.loads is not False and r.optimizer_state and not r.weights_only and \
             cfg.get("optimizer.optimizer_cpu_offload") is True:
         return None
-    out = [(k, v) for k, v in base if not k.startswith("optimizer.optimizer_")]
-    if cfg.get("optimizer.optimizer_cpu_offload") is True:
-        out.append(("optimizer.optimizer_cpu_offload", False))
-    if float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0) or 0.0) != 0.0:
-        out.append(("optimizer.optimizer_offload_fraction", 0.0))
-    e = _est(with_changes(cfg, out), ctx)
-    if not e.fits_with_margin:
+    off = without_offload(cfg, ctx, base)
+    if off is None:
         return None
+    out, e = off
     return out, (f"optimizer offload off: it fits without it with the memory model's margin ({gb(e.peak_gb)} of "
                  f"{gb(e.capacity_gb)}; no CPU optimizer step, x1.0 iteration time)")
 
