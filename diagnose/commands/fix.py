@@ -158,12 +158,9 @@ def run_fix(paths, opts: FixOptions, *, db, versions, engine, fmt, quiet) -> int
                 _err("diagnose: Megatron-LM has no argument for " + ", ".join(missing) + "; set it in the job", quiet)
         elif plan.overrides:
             click.echo(" ".join(shlex.quote(o) for o in plan.overrides))
-            env = [o for o in plan.overrides if o.lstrip("+").startswith("env_vars.")]
-            version = getattr(getattr(ctx, "resume", None), "bridge_version", None)
-            if env and version is None:  # a known older Bridge got the advice to export them instead
-                _err("diagnose: env_vars.* needs Megatron-Bridge >= 0.6; on an older Bridge export "
-                     + ", ".join(o.lstrip("+")[len("env_vars."):] for o in env) + " in the job's environment instead",
-                     quiet)
+            caveat = PL.env_vars_caveat(plan.overrides, ctx)
+            if caveat:
+                _err(f"diagnose: {caveat}", quiet)
         elif plan.status == "applied":
             _err(f"diagnose: {fix_path} already has the fix; no override needed", quiet)
         return code

@@ -327,6 +327,17 @@ def _env_only_in_the_environment(changes: list, ctx: Context) -> str:
             f"key from Megatron-Bridge 0.6.0; this run has {shown})")
 
 
+def env_vars_caveat(overrides: list, ctx: Context) -> str:
+    """What to say of ``env_vars.*`` overrides where the run's Megatron-Bridge version is unknown
+    (a known older one got advice to export them instead: _env_only_in_the_environment)."""
+    env = [o.lstrip("+")[len("env_vars."):] for o in overrides if o.lstrip("+").startswith("env_vars.")]
+    if not env or getattr(getattr(ctx, "resume", None), "bridge_version", None) is not None:
+        return ""
+    shown = ".".join(str(x) for x in BRIDGE_ENV_VARS)
+    return (f"env_vars.* needs Megatron-Bridge >= {shown}; on an older Bridge export " + ", ".join(env)
+            + " in the job's environment instead")
+
+
 def unplannable(cfg: RunConfig) -> str | None:
     """Why no plan can be made on ``cfg`` (a NaN, a size 0, a date or text where a count
     belongs: config/schema.py's checks of types and values), or None. Keys this version does
